@@ -1,0 +1,21 @@
+"""keras-attn: attention layers for Keras 3."""
+
+__version__ = "0.1.0"
+
+from keras_attn import ops, scores
+from keras_attn.additive_attention import AdditiveAttention
+from keras_attn.base import ScoreAttention
+from keras_attn.bilinear_attention import BilinearAttention
+from keras_attn.dot_attention import DotAttention, ScaledDotAttention
+from keras_attn.key_value_attention import KeyValueAttention
+
+__all__ = [
+    "AdditiveAttention",
+    "BilinearAttention",
+    "DotAttention",
+    "KeyValueAttention",
+    "ScaledDotAttention",
+    "ScoreAttention",
+    "ops",
+    "scores",
+]

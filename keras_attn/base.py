@@ -1,0 +1,223 @@
+"""`ScoreAttention`: the one attention pipeline every layer runs.
+
+    project -> score -> mask -> normalize -> dropout -> combine -> project output
+
+A mechanism overrides one step: its score (a `keras_attn.scores` layer), its
+projections (`KeyValueAttention`), its normalization (`HardAttention`) or its
+combine (`PointerAttention`). Mask math lives in `keras_attn.ops`.
+"""
+
+import keras
+from keras import ops as kops
+
+from keras_attn import ops, scores
+
+
+def check_rate(name, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
+    return float(value)
+
+
+def check_positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return value
+
+
+def _check_rank(name, shape, ranks):
+    if len(shape) not in ranks:
+        expected = " or ".join(str(r) for r in ranks)
+        raise ValueError(
+            f"`{name}` must have rank {expected}. Received: {name}.shape={tuple(shape)}"
+        )
+
+
+def _check_dim(name_a, dim_a, name_b, dim_b, what):
+    if dim_a is not None and dim_b is not None and dim_a != dim_b:
+        raise ValueError(f"`{name_a}` and `{name_b}` must have the same {what}. "
+                         f"Received: {dim_a} and {dim_b}")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class ScoreAttention(keras.layers.Layer):
+    """Soft attention with any score: `att(q, (K, V)) = sum_j softmax(s(q, k_j)) v_j`.
+
+    The base of every attention layer in keras-attn. Use it directly with a
+    score name or a `keras_attn.scores.Score` layer, or use the named
+    subclasses (`DotAttention`, `AdditiveAttention`, ...).
+
+    Args:
+        score: `"dot"`, `"scaled_dot"`, `"additive"`, `"bilinear"` or a
+            `keras_attn.scores.Score` layer.
+        dropout: dropout rate on the attention weights, in training.
+        seed: seed of the dropout (and of any sampling the layer does).
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(B, Tq, dq)`, or `(B, dq)` for one query per example.
+        value: `(B, Tv, dv)`.
+        key: `(B, Tv, dk)`; defaults to `value`.
+        query_mask: bool `(B, Tq)`; filled from the implicit Keras mask of
+            `query`. Padded query rows output zeros.
+        value_mask: bool `(B, Tv)`; filled from the implicit mask of `value`.
+            Padded keys get zero weight.
+        attention_mask: bool `(B, Tq, Tv)` (`(B, Tv)` for a rank-2 query),
+            `True` = may attend.
+        use_causal_mask: query `i` sees keys `j <= i + Tv - Tq` only.
+        return_attention_scores: also return the weights.
+        training: dropout (and sampling) on or off.
+
+    Returns:
+        Output `(B, Tq, dv)` (or `(B, dv)`), and with
+        `return_attention_scores=True` the pair `(output, weights)` with
+        weights `(B, Tq, Tv)` (or `(B, Tv)`). A query row with no visible key
+        returns zeros and zero weights. The output mask is `query_mask`.
+
+    Example:
+
+    >>> layer = keras_attn.ScoreAttention(score="bilinear")
+    >>> out = layer(keras.ops.ones((2, 3, 4)), keras.ops.ones((2, 5, 6)))
+    >>> out.shape
+    (2, 3, 6)
+    """
+
+    def __init__(self, score="dot", dropout=0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.score = score
+        self.score_layer = scores.get(score, dtype=self.dtype_policy)
+        self.dropout = check_rate("dropout", dropout)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.supports_masking = True
+
+    # -- hooks a mechanism may override ------------------------------------
+
+    def build_projections(self, query_shape, key_shape, value_shape):
+        """Builds input/output projections; returns the projected shapes."""
+        return query_shape, key_shape, value_shape
+
+    def project_inputs(self, query, key, value):
+        return query, key, value
+
+    def normalize(self, scores, mask, training):
+        """Scores -> weights; masked positions must get exactly zero."""
+        return ops.masked_softmax(scores, mask)
+
+    def combine(self, weights, value):
+        return ops.weighted_sum(weights, value)
+
+    def project_output(self, output):
+        return output
+
+    def output_width(self, query_shape, value_shape):
+        """Last axis of the output, from the (unprojected) input shapes."""
+        return value_shape[-1]
+
+    # -- the pipeline -------------------------------------------------------
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        key_shape = value_shape if key_shape is None else key_shape
+        _check_rank("query", query_shape, (2, 3))
+        _check_rank("value", value_shape, (3,))
+        _check_rank("key", key_shape, (3,))
+        _check_dim("key", key_shape[1], "value", value_shape[1], "length (axis 1)")
+        _check_dim("query", query_shape[0], "value", value_shape[0], "batch size")
+        if len(query_shape) == 2:
+            query_shape = (query_shape[0], 1, query_shape[1])
+        q_shape, k_shape, _ = self.build_projections(
+            tuple(query_shape), tuple(key_shape), tuple(value_shape)
+        )
+        self.score_layer.build(q_shape, k_shape)
+        self.built = True
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        training=None,
+    ):
+        key = value if key is None else key
+        single_query = len(query.shape) == 2
+        if single_query:
+            query = kops.expand_dims(query, 1)  # (B, 1, dq)
+            if query_mask is not None:
+                query_mask = kops.reshape(query_mask, (-1, 1))
+            if attention_mask is not None:
+                _check_rank("attention_mask", attention_mask.shape, (2,))
+                attention_mask = kops.expand_dims(attention_mask, 1)
+        self._check_masks(query, value, query_mask, value_mask, attention_mask)
+
+        query, key, value = self.project_inputs(query, key, value)
+        scores = self.score_layer(query, key)  # (B, Tq, Tv)
+        mask = ops.compute_attention_mask(
+            kops.shape(query)[1],
+            kops.shape(key)[1],
+            query_mask=query_mask,
+            value_mask=value_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+        )
+        weights = self.normalize(scores, mask, training)
+        weights = ops.dropout_weights(
+            weights, self.dropout, training=training, seed=self.seed_generator
+        )
+        output = self.project_output(self.combine(weights, value))
+        if mask is not None:
+            # Zero rows that see nothing, after any output bias too.
+            output = kops.where(ops.visible_rows(mask), output, kops.zeros_like(output))
+
+        if single_query:
+            output, weights = output[:, 0], weights[:, 0]
+        if return_attention_scores:
+            return output, weights
+        return output
+
+    def _check_masks(self, query, value, query_mask, value_mask, attention_mask):
+        if query_mask is not None:
+            _check_rank("query_mask", query_mask.shape, (2,))
+            _check_dim("query_mask", query_mask.shape[1], "query", query.shape[1], "length")
+        if value_mask is not None:
+            _check_rank("value_mask", value_mask.shape, (2,))
+            _check_dim("value_mask", value_mask.shape[1], "value", value.shape[1], "length")
+        if attention_mask is not None:
+            _check_rank("attention_mask", attention_mask.shape, (3,))
+            _check_dim("attention_mask", attention_mask.shape[1], "query", query.shape[1],
+                       "query length (axis 1)")
+            _check_dim("attention_mask", attention_mask.shape[2], "value", value.shape[1],
+                       "value length (axis 2 of the mask, axis 1 of value)")
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        return tuple(query_shape[:-1]) + (self.output_width(query_shape, value_shape),)
+
+    def compute_output_spec(self, query, value, key=None, return_attention_scores=False,
+                            **kwargs):
+        output = keras.KerasTensor(
+            self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
+        )
+        if not return_attention_scores:
+            return output
+        weights_shape = tuple(query.shape[:-1]) + (value.shape[1],)
+        return output, keras.KerasTensor(weights_shape, dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"score": scores.serialize(self.score), "dropout": self.dropout, "seed": self.seed}
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("score"), dict):
+            config["score"] = scores.get(config["score"])
+        return cls(**config)

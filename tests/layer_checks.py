@@ -1,0 +1,169 @@
+"""The shared layer-check helper: every public layer goes through `check_layer`.
+
+It never branches on the layer's type; what differs between layers is described
+by the arguments (inputs, masks and which inputs they cover, call options).
+"""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def _perturb(x, where, rng):
+    """Returns `x` with new values at `where` (bool, broadcast on x's leading axes)."""
+    where = np.asarray(where, bool).reshape(where.shape + (1,) * (x.ndim - where.ndim))
+    if np.issubdtype(x.dtype, np.integer):
+        noise = x + rng.integers(1, 5, size=x.shape).astype(x.dtype)
+    else:
+        noise = (x + rng.normal(0, 3, size=x.shape)).astype(x.dtype)
+    return np.where(where, noise, x)
+
+
+def _assert_all_close(actual, expected, atol, msg):
+    for a, e in zip(_as_list(actual), _as_list(expected), strict=True):
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(e),
+            atol=atol, rtol=atol, err_msg=msg,
+        )
+
+
+def _functional_model(layer, inputs, masks, call_kwargs):
+    """A functional model with one `keras.Input` per array in inputs and masks."""
+    symbolic = {
+        name: keras.Input(shape=value.shape[1:], dtype=str(value.dtype), name=name)
+        for name, value in {**inputs, **masks}.items()
+    }
+    outputs = layer(**symbolic, **call_kwargs)
+    return keras.Model(symbolic, outputs), symbolic
+
+
+def check_layer(
+    make_layer,
+    inputs,
+    *,
+    tmp_path,
+    masks=None,
+    mask_covers=None,
+    call_kwargs=None,
+    causal=False,
+    expect_trainable=True,
+    mixed_precision=("mixed_float16", "mixed_bfloat16"),
+    atol=1e-5,
+):
+    """Runs the common checks on a layer.
+
+    Args:
+        make_layer: callable `(**kwargs) -> layer`, e.g.
+            `functools.partial(AdditiveAttention, units=8)`; called again with
+            `dtype=` for the mixed-precision check.
+        inputs: ordered dict `call argument name -> np.ndarray`.
+        tmp_path: a directory for the saved files.
+        masks: dict `mask argument name -> bool np.ndarray` passed with the call.
+        mask_covers: dict `mask argument name -> names of the inputs it pads`;
+            the padded positions of those inputs are perturbed and the output
+            must not change at all.
+        call_kwargs: other call arguments (`use_causal_mask=True`, ...).
+        causal: changing every input at positions `>= t` (axis 1) must leave
+            the outputs before `t` unchanged.
+        expect_trainable: the layer has trainable weights and one `fit` step
+            must lower the loss.
+        mixed_precision: policies under which the output must stay finite and
+            close to float32 with the same weights.
+    """
+    keras.utils.set_random_seed(1234)
+    rng = np.random.default_rng(0)
+    masks = masks or {}
+    mask_covers = mask_covers or {}
+    call_kwargs = call_kwargs or {}
+    feed = {**inputs, **masks}
+
+    # 1. Config round trip (class and generic Keras serialization).
+    layer = make_layer()
+    config = layer.get_config()
+    assert layer.__class__.from_config(config).get_config() == config
+    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(revived) is type(layer) and revived.get_config() == config
+
+    # 2. Eager call agrees with compute_output_shape and with the symbolic call.
+    eager = layer(**feed, **call_kwargs)
+    shape_args = [v.shape for v in inputs.values()]
+    if not isinstance(eager, (tuple, list)):
+        assert tuple(layer.compute_output_shape(*shape_args)) == tuple(eager.shape)
+    for out in _as_list(eager):
+        assert np.all(np.isfinite(keras.ops.convert_to_numpy(out)))
+    model, _ = _functional_model(layer, inputs, masks, call_kwargs)
+    for sym, out in zip(_as_list(model.outputs), _as_list(eager), strict=True):
+        assert tuple(sym.shape)[1:] == tuple(out.shape)[1:], (sym.shape, out.shape)
+        assert tuple(sym.shape)[0] in (None, out.shape[0])
+    reference = model(feed)
+    _assert_all_close(reference, eager, atol, "functional model differs from eager call")
+
+    # 3. Mask invariance: padded content changes nothing at all.
+    for mask_name, covered in mask_covers.items():
+        padded = ~np.asarray(masks[mask_name], bool)
+        changed = dict(feed)
+        for name in covered:
+            changed[name] = _perturb(feed[name], padded, rng)
+        _assert_all_close(
+            model(changed), reference, atol,
+            f"changing inputs {covered} where {mask_name} is False changed the output",
+        )
+
+    # 4. Causal invariance: the future does not reach the past.
+    if causal:
+        length = next(iter(inputs.values())).shape[1]
+        t = length // 2
+        future = np.zeros(next(iter(inputs.values())).shape[:2], bool)
+        future[:, t:] = True
+        changed = dict(feed)
+        for name, value in inputs.items():
+            changed[name] = _perturb(value, future, rng)
+        for a, b in zip(_as_list(model(changed)), _as_list(reference), strict=True):
+            _assert_all_close(a[:, :t], b[:, :t], atol, "a future position changed the past")
+
+    # 5. `.keras` save and reload with safe_mode=True, no custom_objects.
+    path = os.path.join(str(tmp_path), "layer_check.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    _assert_all_close(reloaded(feed), reference, atol, ".keras reload changed the output")
+
+    # 6. SavedModel export and reload.
+    export_dir = os.path.join(str(tmp_path), "layer_check_savedmodel")
+    model.export(export_dir, verbose=False)
+    loaded = tf.saved_model.load(export_dir)  # keep a reference: it owns the variables
+    served = loaded.serve({name: tf.constant(value) for name, value in feed.items()})
+    _assert_all_close(served, reference, atol, "SavedModel output differs")
+
+    # 7. One fit step lowers the loss (on the first output).
+    assert bool(layer.trainable_weights) == expect_trainable, layer.trainable_weights
+    if expect_trainable:
+        first = _as_list(model.outputs)[0]
+        train_model = keras.Model(model.inputs, first)
+        train_model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        target = rng.normal(size=(first.shape[0] or len(next(iter(inputs.values()))),)
+                            + tuple(first.shape[1:])).astype("float32")
+        before = train_model.evaluate(feed, target, verbose=0)
+        train_model.fit(feed, target, epochs=1, batch_size=len(target), verbose=0)
+        after = train_model.evaluate(feed, target, verbose=0)
+        assert after < before, (before, after)
+
+    # 8. Mixed precision: finite, close to float32 with the same weights.
+    full = layer(**feed, **call_kwargs)  # after the fit step changed the weights
+    for policy in mixed_precision:
+        low = make_layer(dtype=policy)
+        low(**feed, **call_kwargs)
+        low.set_weights(layer.get_weights())
+        out_low = low(**feed, **call_kwargs)
+        for a, b in zip(_as_list(out_low), _as_list(full), strict=True):
+            a = keras.ops.convert_to_numpy(keras.ops.cast(a, "float32"))
+            assert np.all(np.isfinite(a)), policy
+            scale = max(1.0, float(np.abs(keras.ops.convert_to_numpy(b)).max()))
+            np.testing.assert_allclose(a, keras.ops.convert_to_numpy(b),
+                                       atol=0.05 * scale, err_msg=policy)
+    return layer
