@@ -16,6 +16,15 @@ _REGISTRY = keras.saving.register_keras_serializable(package="keras_attn")
 class Score(keras.layers.Layer):
     """Base class of the scores: `call(query, key) -> (..., Tq, Tv)`."""
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Masks are the attention layer's business: accept inputs that carry
+        # one without a warning, and put none on the scores.
+        self.supports_masking = True
+
+    def compute_mask(self, query, mask=None):
+        return None
+
     def compute_output_shape(self, query_shape, key_shape):
         return tuple(query_shape[:-1]) + (key_shape[-2],)
 

@@ -1,0 +1,103 @@
+"""Hard attention: one position selected, straight-through Gumbel-softmax in training."""
+
+import keras
+import numpy as np
+from keras import ops as kops
+
+from keras_attn import ops
+from keras_attn.base import ScoreAttention
+
+# Smallest uniform sample, so that the Gumbel noise `-log(-log(u))` is finite.
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class HardAttention(ScoreAttention):
+    """Hard attention: the output is the value at one selected position.
+
+    At inference the selection is the best visible key,
+    `j* = argmax_j s(q, k_j)`, `att(q, (K, V)) = v_{j*}`. In training the
+    selection is sampled and made differentiable with the straight-through
+    Gumbel-softmax estimator:
+
+        g_j ~ Gumbel(0, 1)
+        soft = masked_softmax((s(q, k) + g) / temperature)
+        hard = one_hot(argmax_j soft_j)          # visible positions only
+        weights = hard + (soft - stop_gradient(soft))
+
+    so the forward weights are exactly one-hot (the output is exactly one
+    value row) and the gradient is that of the soft sample. Only the
+    normalization differs from `keras_attn.ScoreAttention`; masks, dropout
+    (applied to the one-hot weights, in training) and the output are the
+    shared pipeline.
+
+    Args:
+        score: `"dot"` (default), `"scaled_dot"`, `"additive"`, `"bilinear"`
+            or a `keras_attn.scores.Score` layer.
+        temperature: positive temperature of the Gumbel-softmax; lower is
+            closer to the hard sample (and has noisier gradients).
+        dropout: dropout rate on the attention weights, in training.
+        seed: seed of the Gumbel noise and of the dropout.
+
+    Call arguments:
+        As `keras_attn.ScoreAttention`. `training=True` samples with Gumbel
+        noise; otherwise the selection is the argmax, with no noise.
+
+    Returns:
+        Output `(B, Tq, dv)` (or `(B, dv)` for a rank-2 query): the selected
+        value rows; with `return_attention_scores=True` also the one-hot
+        weights `(B, Tq, Tv)`. A query row with no visible key gets zero
+        weights and a zero output, with finite gradients.
+
+    Example:
+
+    >>> query = keras.random.normal((2, 8))              # (B, dq)
+    >>> value = keras.random.normal((2, 6, 8))           # (B, Tv, dv)
+    >>> out, w = keras_attn.HardAttention()(query, value, return_attention_scores=True)
+    >>> out.shape, w.shape                             # w is one-hot on axis -1
+    ((2, 8), (2, 6))
+
+    Reference:
+        Xu et al., 2015, "Show, Attend and Tell", https://arxiv.org/abs/1502.03044;
+        Jang et al., 2017, "Categorical Reparameterization with Gumbel-Softmax",
+        https://arxiv.org/abs/1611.01144
+    """
+
+    def __init__(self, score="dot", temperature=1.0, dropout=0.0, seed=None, **kwargs):
+        super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)
+        if (
+            not isinstance(temperature, (int, float))
+            or isinstance(temperature, bool)
+            or not temperature > 0
+        ):
+            raise ValueError(
+                "`temperature` must be a positive number. "
+                f"Received: temperature={temperature!r}"
+            )
+        self.temperature = float(temperature)
+
+    def normalize(self, scores, mask, training):
+        # Selection and noise in float32 whatever the policy, as the softmax.
+        logits = kops.cast(scores, "float32")  # (B, Tq, Tv)
+        if training:
+            uniform = keras.random.uniform(
+                kops.shape(logits), minval=_TINY, maxval=1.0, seed=self.seed_generator
+            )
+            gumbel = -kops.log(-kops.log(uniform))
+            soft = ops.masked_softmax((logits + gumbel) / self.temperature, mask)
+        else:
+            soft = ops.masked_softmax(logits, mask)
+        # softmax is monotone and gives masked keys 0, so the argmax of a row
+        # with a visible key is a visible key; rows with none get zeros.
+        hard = kops.one_hot(kops.argmax(soft, axis=-1), kops.shape(soft)[-1])
+        if mask is not None:
+            hard = hard * kops.cast(ops.visible_rows(mask), hard.dtype)
+        if training:
+            # Forward value exactly `hard`; gradient of the soft sample.
+            hard = hard
+        return kops.cast(hard, scores.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"temperature": self.temperature})
+        return config

@@ -1,0 +1,150 @@
+"""Attention pooling with a learned context vector (Hierarchical Attention Networks)."""
+
+import keras
+from keras import ops as kops
+
+from keras_attn import ops
+from keras_attn.base import _check_rank, check_positive_int, check_rate
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class AttentionPooling(keras.layers.Layer):
+    """Attention pooling of a sequence into one vector, with a learned context.
+
+        u_t = tanh(W h_t + b)
+        a_t = softmax_t(u_t . u_w)
+        s = sum_t a_t h_t
+
+    with `W (d, units)`, `b (units,)` and the context vector `u_w (units,)`
+    learned. HAN uses it twice: words into a sentence vector, sentences into
+    a document vector. It is not a query/value layer (the query is the
+    learned `u_w`), so it takes one input.
+
+    Args:
+        units: positive width of the hidden representation `u_t`.
+        use_bias: whether `b` is used.
+        kernel_initializer, bias_initializer, context_initializer:
+            initializers of `W`, `b` and `u_w`.
+        dropout: dropout rate on the weights `a`, in training.
+        seed: dropout seed.
+
+    Call arguments:
+        inputs: `(B, T, d)` sequence `h`.
+        mask: bool `(B, T)`, `True` = keep; filled by Keras from an implicit
+            mask (e.g. `Embedding(mask_zero=True)`). Masked steps get weight
+            exactly 0; an example with no unmasked step pools to zeros (with
+            finite gradients).
+        return_attention_scores: also return the weights `a`.
+        training: dropout on or off.
+
+    Returns:
+        `(B, d)`, or `(pooled, weights)` with `weights (B, T)` when
+        `return_attention_scores=True`. The output carries no mask.
+
+    Example:
+
+    >>> tokens = keras.Input((None,), dtype="int32")
+    >>> x = keras.layers.Embedding(1000, 32, mask_zero=True)(tokens)
+    >>> x = keras.layers.Bidirectional(keras.layers.GRU(16, return_sequences=True))(x)
+    >>> sentence = keras_attn.AttentionPooling(units=32)(x)   # padding masked
+    >>> sentence.shape
+    (None, 32)
+
+    Reference:
+        Yang et al., 2016, "Hierarchical Attention Networks for Document
+        Classification", https://aclanthology.org/N16-1174
+    """
+
+    def __init__(
+        self,
+        units,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        context_initializer="glorot_uniform",
+        dropout=0.0,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.units = check_positive_int("units", units)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.context_initializer = keras.initializers.get(context_initializer)
+        self.dropout = check_rate("dropout", dropout)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        _check_rank("inputs", inputs_shape, (3,))
+        if inputs_shape[-1] is None:
+            raise ValueError(
+                "The last axis of `inputs` must be known. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        self.kernel = self.add_weight(  # W
+            name="kernel", shape=(inputs_shape[-1], self.units),
+            initializer=self.kernel_initializer,
+        )
+        self.bias = (  # b
+            self.add_weight(name="bias", shape=(self.units,),
+                            initializer=self.bias_initializer)
+            if self.use_bias
+            else None
+        )
+        self.context = self.add_weight(  # u_w
+            name="context", shape=(self.units,), initializer=self.context_initializer
+        )
+
+    def call(self, inputs, mask=None, return_attention_scores=False, training=None):
+        _check_rank("inputs", inputs.shape, (3,))
+        if mask is not None:
+            _check_rank("mask", mask.shape, (2,))
+        hidden = kops.matmul(inputs, self.kernel)  # (B, T, units)
+        if self.bias is not None:
+            hidden = hidden + self.bias
+        scores = kops.matmul(kops.tanh(hidden), self.context)  # (B, T)
+        weights = ops.masked_softmax(scores, mask)  # (B, T)
+        weights = ops.dropout_weights(
+            weights, self.dropout, training=training, seed=self.seed_generator
+        )
+        pooled = ops.weighted_sum(kops.expand_dims(weights, 1), inputs)  # (B, 1, d)
+        pooled = kops.squeeze(pooled, 1)  # (B, d)
+        if return_attention_scores:
+            return pooled, weights
+        return pooled
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+    def compute_output_shape(self, inputs_shape):
+        return (inputs_shape[0], inputs_shape[-1])
+
+    def compute_output_spec(self, inputs, mask=None, return_attention_scores=False,
+                            training=None):
+        pooled = keras.KerasTensor(
+            self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
+        )
+        if not return_attention_scores:
+            return pooled
+        weights = keras.KerasTensor(tuple(inputs.shape[:2]), dtype=self.compute_dtype)
+        return pooled, weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "units": self.units,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "context_initializer": keras.initializers.serialize(
+                    self.context_initializer
+                ),
+                "dropout": self.dropout,
+                "seed": self.seed,
+            }
+        )
+        return config

@@ -1,0 +1,387 @@
+"""Position information: sinusoidal, learned and rotary encodings.
+
+Positions run along axis 1 and features along the last axis. Every layer takes
+`start_index` so that a cached decoder can encode the positions
+`start_index, start_index + 1, ...` of the tokens it is fed one by one.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn.base import check_positive_int
+
+
+def _check_positive_number(name, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(
+            f"`{name}` must be a positive number. Received: {name}={value!r}"
+        )
+    return value
+
+
+def _check_input_shape(name, shape, ranks, even=False, width=True):
+    if len(shape) not in ranks:
+        expected = " or ".join(str(r) for r in ranks)
+        raise ValueError(
+            f"`{name}` must have rank {expected}. Received: {name}.shape={tuple(shape)}"
+        )
+    if width and (shape[-1] is None or (even and shape[-1] % 2)):
+        what = "known and even" if even else "known"
+        raise ValueError(
+            f"The last axis of `{name}` must be {what}. "
+            f"Received: {name}.shape={tuple(shape)}"
+        )
+
+
+def _positions(length, start_index):
+    """`start_index + [0, 1, ..., length - 1]` as float32 `(T,)`."""
+    return ops.arange(length, dtype="float32") + ops.cast(start_index, "float32")
+
+
+def _inverse_frequencies(max_wavelength, depth):
+    """`max_wavelength^(-2i/depth)` for `i = 0 .. ceil(depth/2) - 1`, float32."""
+    exponents = np.arange(0, depth, 2, dtype="float64") / depth
+    return ops.convert_to_tensor(np.power(float(max_wavelength), -exponents), "float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SinusoidalPositionalEncoding(keras.layers.Layer):
+    """Fixed sinusoidal position encoding (Vaswani et al.), interleaved.
+
+    `PE(pos, 2i) = sin(pos / max_wavelength^(2i/d))`,
+    `PE(pos, 2i+1) = cos(pos / max_wavelength^(2i/d))`: even channels sin, odd
+    channels cos. No weights; any length, any `d` (odd too). The layer returns
+    the encoding for the caller to add, and passes an incoming mask through.
+
+    Args:
+        max_wavelength: the base of the geometric progression of wavelengths.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: `(B, T, d)`; only its shape and dtype are used.
+        start_index: position of the first step (int or scalar tensor).
+
+    Returns:
+        The encoding of positions `start_index .. start_index + T - 1`,
+        broadcast to `inputs`' shape and dtype.
+
+    Example:
+
+    >>> x = keras.random.normal((2, 10, 16))
+    >>> x = x + keras_attn.SinusoidalPositionalEncoding()(x)
+
+    Reference:
+        Vaswani et al., 2017, "Attention Is All You Need",
+        https://arxiv.org/abs/1706.03762
+    """
+
+    def __init__(self, max_wavelength=10000, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        _check_input_shape("inputs", inputs_shape, (3,))
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        depth = inputs.shape[-1]
+        angles = ops.expand_dims(_positions(ops.shape(inputs)[1], start_index), 1) * (
+            ops.repeat(_inverse_frequencies(self.max_wavelength, depth), 2)[:depth]
+        )  # (T, d): channels 2i and 2i+1 share a frequency
+        is_even = ops.arange(depth) % 2 == 0
+        encoding = ops.where(is_even, ops.sin(angles), ops.cos(angles))
+        return ops.broadcast_to(ops.cast(encoding, inputs.dtype), ops.shape(inputs))
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"max_wavelength": self.max_wavelength})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LearnedPositionalEmbedding(keras.layers.Layer):
+    """Learned absolute position embedding: `PE(pos) = P[pos]`.
+
+    A trainable table `P` of shape `(sequence_length, d)`; row `pos` encodes
+    position `pos`. Returns the rows for the input's positions, for the caller
+    to add, and passes an incoming mask through.
+
+    Args:
+        sequence_length: the number of rows, i.e. the longest sequence.
+        initializer: initializer of the table.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, T, d)`; only its shape and dtype are used.
+        start_index: position of the first step (int or scalar tensor).
+
+    Returns:
+        Rows `start_index .. start_index + T - 1` of the table, broadcast to
+        `inputs`' shape. A static `T` (plus an int `start_index`) beyond
+        `sequence_length` raises `ValueError`.
+
+    Example:
+
+    >>> x = keras.random.normal((2, 10, 16))
+    >>> x = x + keras_attn.LearnedPositionalEmbedding(sequence_length=64)(x)
+
+    Reference:
+        Gehring et al., 2017, "Convolutional Sequence to Sequence Learning",
+        https://arxiv.org/abs/1705.03122; Vaswani et al., 2017,
+        https://arxiv.org/abs/1706.03762
+    """
+
+    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.sequence_length = check_positive_int("sequence_length", sequence_length)
+        self.initializer = keras.initializers.get(initializer)
+        self.supports_masking = True
+
+    def _check_length(self, length, start_index=0):
+        if length is None or not isinstance(start_index, int):
+            return
+        if start_index + length > self.sequence_length:
+            raise ValueError(
+                f"The input sequence is longer than `sequence_length`: positions "
+                f"{start_index}..{start_index + length - 1} need "
+                f"{start_index + length} rows. Received: input length={length}, "
+                f"start_index={start_index}, sequence_length={self.sequence_length}"
+            )
+
+    def build(self, inputs_shape):
+        _check_input_shape("inputs", inputs_shape, (3,))
+        self._check_length(inputs_shape[1])
+        self.embeddings = self.add_weight(
+            shape=(self.sequence_length, inputs_shape[-1]),
+            initializer=self.initializer,
+            name="embeddings",
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        self._check_length(inputs.shape[1], start_index)
+        start = ops.cast(start_index, "int32")
+        rows = ops.slice(
+            self.embeddings, (start, 0), (ops.shape(inputs)[1], inputs.shape[-1])
+        )  # (T, d)
+        return ops.broadcast_to(ops.cast(rows, inputs.dtype), ops.shape(inputs))
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "sequence_length": self.sequence_length,
+                "initializer": keras.initializers.serialize(self.initializer),
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class RotaryEmbedding(keras.layers.Layer):
+    """Rotary position embedding (RoPE, RoFormer), interleaved pairs.
+
+    Each pair `(x_2i, x_2i+1)` is rotated by the angle `m * theta_i`, with `m`
+    the position divided by `scaling_factor` and
+    `theta_i = max_wavelength^(-2i/d)`:
+
+        y_2i   = x_2i cos(m theta_i) - x_2i+1 sin(m theta_i)
+        y_2i+1 = x_2i sin(m theta_i) + x_2i+1 cos(m theta_i)
+
+    so that `<R(m) q, R(n) k>` depends on `m - n` only. Apply it to queries and
+    keys before the score. Angles are computed in float32. No weights.
+
+    Args:
+        max_wavelength: the base of the frequencies `theta_i`.
+        scaling_factor: positions are divided by it (linear position
+            interpolation for contexts longer than in training).
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: `(B, T, d)` or `(B, T, H, d)`, `d` even.
+        start_index: position of the first step (int or scalar tensor).
+
+    Returns:
+        `inputs` rotated, same shape and dtype.
+
+    Example:
+
+    >>> q = keras.random.normal((2, 10, 4, 16))  # (B, T, H, dk)
+    >>> keras_attn.RotaryEmbedding()(q).shape
+    (2, 10, 4, 16)
+
+    Reference:
+        Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary Position
+        Embedding", https://arxiv.org/abs/2104.09864
+    """
+
+    def __init__(self, max_wavelength=10000, scaling_factor=1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
+        self.scaling_factor = _check_positive_number("scaling_factor", scaling_factor)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        _check_input_shape("inputs", inputs_shape, (3, 4), even=True)
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        _check_input_shape("inputs", inputs.shape, (3, 4), even=True)
+        rank, depth = len(inputs.shape), inputs.shape[-1]
+        positions = _positions(ops.shape(inputs)[1], start_index) / self.scaling_factor
+        angles = ops.expand_dims(positions, 1) * _inverse_frequencies(
+            self.max_wavelength, depth
+        )  # (T, d/2)
+        # (T, d/2) -> (T, 1, d/2) for (B, T, H, d) inputs.
+        angles = ops.reshape(angles, (-1,) + (1,) * (rank - 3) + (depth // 2,))
+        cos, sin = ops.cos(angles), ops.sin(angles)
+        x = ops.cast(inputs, "float32")
+        x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (B, T, [H,] d/2)
+        rotated = ops.stack(
+            [x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], axis=-1
+        )  # (B, T, [H,] d/2, 2): pairs back in place
+        return ops.cast(ops.reshape(rotated, ops.shape(inputs)), inputs.dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            max_wavelength=self.max_wavelength, scaling_factor=self.scaling_factor
+        )
+        return config
+
+
+_POSITIONS = ("sinusoidal", "learned")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TokenAndPositionEmbedding(keras.layers.Layer):
+    """Token embedding plus position encoding: `x_t = E[token_t] + PE(t)`.
+
+    The usual input layer of a Transformer. With `mask_zero=True` token id 0
+    is padding: the layer's output carries the mask `token != 0`, so
+    downstream attention layers ignore padded keys.
+
+    Args:
+        vocab_size: number of token ids.
+        sequence_length: the longest sequence (rows of the learned table; the
+            sinusoidal encoding works for any length).
+        embedding_dim: width of the output.
+        position: `"sinusoidal"` (`SinusoidalPositionalEncoding`) or
+            `"learned"` (`LearnedPositionalEmbedding`).
+        mask_zero: whether token id 0 is padding.
+        embeddings_initializer: of the token embedding table.
+        position_initializer: of the learned position table.
+        max_wavelength: of the sinusoidal encoding.
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: int token ids `(B, T)`.
+        start_index: position of the first token (int or scalar tensor).
+
+    Returns:
+        `(B, T, embedding_dim)`, with the implicit mask `inputs != 0` when
+        `mask_zero`.
+
+    Example:
+
+    >>> layer = keras_attn.TokenAndPositionEmbedding(1000, 64, 32)
+    >>> layer(keras.ops.array([[5, 7, 9, 0]])).shape
+    (1, 4, 32)
+
+    Reference:
+        Vaswani et al., 2017, "Attention Is All You Need",
+        https://arxiv.org/abs/1706.03762
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        sequence_length,
+        embedding_dim,
+        position="sinusoidal",
+        mask_zero=True,
+        embeddings_initializer="uniform",
+        position_initializer="glorot_uniform",
+        max_wavelength=10000,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = check_positive_int("vocab_size", vocab_size)
+        self.sequence_length = check_positive_int("sequence_length", sequence_length)
+        self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
+        if position not in _POSITIONS:
+            raise ValueError(
+                f"`position` must be one of {_POSITIONS}. "
+                f"Received: position={position!r}"
+            )
+        self.position = position
+        self.mask_zero = bool(mask_zero)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.position_initializer = keras.initializers.get(position_initializer)
+        self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
+
+        self.token_embedding = keras.layers.Embedding(
+            vocab_size,
+            embedding_dim,
+            embeddings_initializer=self.embeddings_initializer,
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )  # the mask is computed here, in compute_mask
+        if position == "learned":
+            self.position_embedding = LearnedPositionalEmbedding(
+                sequence_length,
+                initializer=self.position_initializer,
+                dtype=self.dtype_policy,
+                name="position_embedding",
+            )
+        else:
+            self.position_embedding = SinusoidalPositionalEncoding(
+                max_wavelength, dtype=self.dtype_policy, name="position_embedding"
+            )
+
+    def build(self, inputs_shape):
+        _check_input_shape("inputs", inputs_shape, (2,), width=False)
+        self.token_embedding.build(inputs_shape)
+        self.position_embedding.build(self.compute_output_shape(inputs_shape))
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        tokens = self.token_embedding(inputs)  # (B, T, embedding_dim)
+        return tokens + self.position_embedding(tokens, start_index=start_index)
+
+    def compute_mask(self, inputs, mask=None):
+        return ops.not_equal(inputs, 0) if self.mask_zero else None
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape) + (self.embedding_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "sequence_length": self.sequence_length,
+                "embedding_dim": self.embedding_dim,
+                "position": self.position,
+                "mask_zero": self.mask_zero,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+                "position_initializer": keras.initializers.serialize(
+                    self.position_initializer
+                ),
+                "max_wavelength": self.max_wavelength,
+            }
+        )
+        return config

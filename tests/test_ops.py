@@ -1,0 +1,146 @@
+"""keras_attn.ops against NumPy references and hand-computed cases."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import ops
+from numpy_reference import (
+    additive_scores,
+    attend,
+    bilinear_scores,
+    causal,
+    dot_scores,
+    scaled_dot_scores,
+    softmax_masked,
+)
+
+rng = np.random.default_rng(0)
+Q = rng.normal(size=(2, 3, 4)).astype("float32")
+K = rng.normal(size=(2, 5, 4)).astype("float32")
+V = rng.normal(size=(2, 5, 6)).astype("float32")
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def test_scores_match_numpy():
+    np.testing.assert_allclose(np_(ops.dot_score(Q, K)), dot_scores(Q, K), atol=1e-5)
+    np.testing.assert_allclose(
+        np_(ops.scaled_dot_score(Q, K)), scaled_dot_scores(Q, K), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        np_(ops.scaled_dot_score(Q, K, scale=0.3)), dot_scores(Q, K) * 0.3, atol=1e-5
+    )
+    U = rng.normal(size=(4, 7)).astype("float32")
+    W = rng.normal(size=(4, 7)).astype("float32")
+    v = rng.normal(size=(7,)).astype("float32")
+    np.testing.assert_allclose(
+        np_(ops.additive_score(Q @ U, K @ W, v)), additive_scores(Q, K, U, W, v), atol=1e-5
+    )
+    kernel = rng.normal(size=(4, 6)).astype("float32")  # query width 4, key width 6
+    np.testing.assert_allclose(
+        np_(ops.bilinear_score(Q, V, kernel)), bilinear_scores(Q, V, kernel), atol=1e-4
+    )
+
+
+def test_hand_computed_case():
+    # One query [1, 0]; keys [1, 0], [0, 1], [1, 1]; scores 1, 0, 1; key 3 masked.
+    q = np.array([[[1.0, 0.0]]], "float32")
+    k = np.array([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]], "float32")
+    v = np.array([[[10.0], [20.0], [30.0]]], "float32")
+    mask = np.array([[[True, True, False]]])
+    out, w = ops.attention(q, k, v, mask=mask, scale=1.0)
+    e = np.e
+    np.testing.assert_allclose(np_(w)[0, 0], [e / (e + 1), 1 / (e + 1), 0.0], atol=1e-6)
+    np.testing.assert_allclose(np_(out)[0, 0, 0], (10 * e + 20) / (e + 1), atol=1e-5)
+
+
+def test_attention_matches_numpy_with_masks_and_heads():
+    q = rng.normal(size=(2, 3, 4, 8)).astype("float32")  # (B, H, Tq, dk)
+    k = rng.normal(size=(2, 3, 6, 8)).astype("float32")
+    v = rng.normal(size=(2, 3, 6, 5)).astype("float32")
+    mask = rng.random((2, 1, 4, 6)) > 0.4
+    mask[0, 0, 1] = False  # a row with nothing visible
+    out, w = ops.attention(q, k, v, mask=mask, is_causal=True)
+    full = mask & causal(4, 6)
+    ref_out, ref_w = attend(scaled_dot_scores(q, k), v, full)
+    np.testing.assert_allclose(np_(w), ref_w, atol=1e-5)
+    np.testing.assert_allclose(np_(out), ref_out, atol=1e-5)
+    assert np.all(np_(w)[0, :, 1] == 0) and np.all(np_(out)[0, :, 1] == 0)
+
+
+def test_causal_mask_end_aligned():
+    np.testing.assert_array_equal(np_(ops.causal_mask(3)), np.tril(np.ones((3, 3), bool)))
+    # Tq=2 last positions of Tv=4: query 0 sees keys 0..2, query 1 sees 0..3.
+    np.testing.assert_array_equal(
+        np_(ops.causal_mask(2, 4)), [[1, 1, 1, 0], [1, 1, 1, 1]]
+    )
+
+
+def test_compute_attention_mask_merges_everything():
+    qm = np.array([[1, 1, 0]], bool)
+    vm = np.array([[1, 0, 1]], bool)
+    am = np.array([[[1, 1, 1], [0, 1, 1], [1, 1, 1]]], bool)
+    got = np_(ops.compute_attention_mask(3, 3, qm, vm, am, use_causal_mask=True))
+    expected = qm[:, :, None] & vm[:, None, :] & am & causal(3, 3)
+    np.testing.assert_array_equal(np.broadcast_to(got, expected.shape), expected)
+    assert ops.compute_attention_mask(3, 3) is None
+    assert ops.merge_masks(None, None) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_masked_softmax_fully_masked_rows_and_large_scores(dtype):
+    # Scores far beyond the float16 range of a -1e9 fill: still exact zeros, no NaN.
+    scores = np.array([[3e4, -3e4, 1.0], [5.0, 6.0, 7.0]], "float32")
+    mask = np.array([[True, False, True], [False, False, False]])
+    x = tf.Variable(tf.cast(scores, dtype))
+    with tf.GradientTape() as tape:
+        w = ops.masked_softmax(x, mask)
+        loss = tf.reduce_sum(tf.cast(w, "float32") * tf.constant([[1.0, 2.0, 3.0]]))
+    grad = tape.gradient(loss, x)
+    assert w.dtype == dtype
+    np.testing.assert_allclose(np_(tf.cast(w, "float32")), softmax_masked(np_(x.value()).astype("float64"), mask), atol=1e-3)
+    assert np.all(np_(tf.cast(w, "float32"))[1] == 0)
+    assert np.all(np.isfinite(np_(tf.cast(grad, "float32"))))
+
+
+def test_masked_softmax_integer_mask_and_no_mask():
+    s = rng.normal(size=(2, 4)).astype("float32")
+    np.testing.assert_allclose(np_(ops.masked_softmax(s)), softmax_masked(s), atol=1e-6)
+    m = np.array([[1, 0, 1, 1], [0, 0, 1, 0]], "int32")
+    np.testing.assert_allclose(
+        np_(ops.masked_softmax(s, m)), softmax_masked(s, m.astype(bool)), atol=1e-6
+    )
+
+
+def test_dropout_never_reopens_masked_positions():
+    q = rng.normal(size=(2, 6, 4)).astype("float32")
+    _, w = ops.attention(q, q, q, is_causal=True, dropout_rate=0.5, training=True, seed=1)
+    w = np_(w)
+    assert np.all(w[:, ~causal(6, 6)] == 0)
+    assert np.any(w == 0) and np.any(w > 1.0 / 6)  # dropout did act (zeros, rescaling)
+    _, w_eval = ops.attention(q, q, q, dropout_rate=0.5, training=False)
+    np.testing.assert_allclose(np_(w_eval).sum(-1), 1.0, atol=1e-5)
+
+
+def test_chosen_positions_mask_hand_computed():
+    got = np_(ops.chosen_positions_mask(np.array([[2, 0, 1]]), 4))
+    expected = [[[1, 1, 1, 1], [1, 1, 0, 1], [0, 1, 0, 1]]]
+    np.testing.assert_array_equal(got, np.array(expected, bool))
+
+
+def test_width_mismatch_errors_name_the_arguments():
+    with pytest.raises(ValueError, match=r"`query` and `key`.*query.shape=\(2, 3, 4\)"):
+        ops.dot_score(Q, V)
+    with pytest.raises(ValueError, match="`kernel` must have shape"):
+        ops.bilinear_score(Q, V, np.ones((4, 4), "float32"))
+
+
+def test_jit_compile_gives_same_result():
+    fn = tf.function(lambda q, k, v: ops.attention(q, k, v, is_causal=True), jit_compile=True)
+    out_jit, _ = fn(Q, K, V)
+    out, _ = ops.attention(Q, K, V, is_causal=True)
+    np.testing.assert_allclose(np_(out_jit), np_(out), atol=1e-5)
