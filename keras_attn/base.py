@@ -37,8 +37,9 @@ def _check_rank(name, shape, ranks):
 
 def _check_dim(name_a, dim_a, name_b, dim_b, what):
     if dim_a is not None and dim_b is not None and dim_a != dim_b:
-        raise ValueError(f"`{name_a}` and `{name_b}` must have the same {what}. "
-                         f"Received: {dim_a} and {dim_b}")
+        raise ValueError(
+            f"`{name_a}` and `{name_b}` must have the same {what}. Received: {dim_a} and {dim_b}"
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -190,16 +191,25 @@ class ScoreAttention(keras.layers.Layer):
             _check_dim("value_mask", value_mask.shape[1], "value", value.shape[1], "length")
         if attention_mask is not None:
             _check_rank("attention_mask", attention_mask.shape, (3,))
-            _check_dim("attention_mask", attention_mask.shape[1], "query", query.shape[1],
-                       "query length (axis 1)")
-            _check_dim("attention_mask", attention_mask.shape[2], "value", value.shape[1],
-                       "value length (axis 2 of the mask, axis 1 of value)")
+            _check_dim(
+                "attention_mask",
+                attention_mask.shape[1],
+                "query",
+                query.shape[1],
+                "query length (axis 1)",
+            )
+            _check_dim(
+                "attention_mask",
+                attention_mask.shape[2],
+                "value",
+                value.shape[1],
+                "value length (axis 2 of the mask, axis 1 of value)",
+            )
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_width(query_shape, value_shape),)
 
-    def compute_output_spec(self, query, value, key=None, return_attention_scores=False,
-                            **kwargs):
+    def compute_output_spec(self, query, value, key=None, return_attention_scores=False, **kwargs):
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
         )

@@ -40,7 +40,5 @@ class BilinearAttention(_FixedScoreAttention):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {"kernel_initializer": keras.initializers.serialize(self.kernel_initializer)}
-        )
+        config.update({"kernel_initializer": keras.initializers.serialize(self.kernel_initializer)})
         return config

@@ -15,8 +15,7 @@ output), never NaN and never a uniform average over padding.
 """
 
 import numpy as np
-from keras import ops
-from keras import random
+from keras import ops, random
 
 # Fill value for masked scores. Softmax runs in float32, so the most negative
 # finite float32 is safe: exp(fill - max) underflows to exactly 0 for any finite

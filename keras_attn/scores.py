@@ -81,7 +81,9 @@ class AdditiveScore(Score):
     ):
         super().__init__(**kwargs)
         if units is not None and (not isinstance(units, int) or units <= 0):
-            raise ValueError(f"`units` must be a positive integer or None. Received: units={units!r}")
+            raise ValueError(
+                f"`units` must be a positive integer or None. Received: units={units!r}"
+            )
         self.units = units
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -150,9 +152,7 @@ class BilinearScore(Score):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {"kernel_initializer": keras.initializers.serialize(self.kernel_initializer)}
-        )
+        config.update({"kernel_initializer": keras.initializers.serialize(self.kernel_initializer)})
         return config
 
 
@@ -181,7 +181,6 @@ def get(identifier, dtype=None):
         f"`score` must be a string, a config dict or a Score layer. Received: "
         f"score={identifier!r} of type {type(identifier).__name__}"
     )
-
 
 
 def serialize(score):

@@ -28,8 +28,11 @@ def _perturb(x, where, rng):
 def _assert_all_close(actual, expected, atol, msg):
     for a, e in zip(_as_list(actual), _as_list(expected), strict=True):
         np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(e),
-            atol=atol, rtol=atol, err_msg=msg,
+            keras.ops.convert_to_numpy(a),
+            keras.ops.convert_to_numpy(e),
+            atol=atol,
+            rtol=atol,
+            err_msg=msg,
         )
 
 
@@ -111,7 +114,9 @@ def check_layer(
         for name in covered:
             changed[name] = _perturb(feed[name], padded, rng)
         _assert_all_close(
-            model(changed), reference, atol,
+            model(changed),
+            reference,
+            atol,
             f"changing inputs {covered} where {mask_name} is False changed the output",
         )
 
@@ -146,8 +151,9 @@ def check_layer(
         first = _as_list(model.outputs)[0]
         train_model = keras.Model(model.inputs, first)
         train_model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-        target = rng.normal(size=(first.shape[0] or len(next(iter(inputs.values()))),)
-                            + tuple(first.shape[1:])).astype("float32")
+        target = rng.normal(
+            size=(first.shape[0] or len(next(iter(inputs.values()))),) + tuple(first.shape[1:])
+        ).astype("float32")
         before = train_model.evaluate(feed, target, verbose=0)
         train_model.fit(feed, target, epochs=1, batch_size=len(target), verbose=0)
         after = train_model.evaluate(feed, target, verbose=0)
@@ -164,6 +170,7 @@ def check_layer(
             a = keras.ops.convert_to_numpy(keras.ops.cast(a, "float32"))
             assert np.all(np.isfinite(a)), policy
             scale = max(1.0, float(np.abs(keras.ops.convert_to_numpy(b)).max()))
-            np.testing.assert_allclose(a, keras.ops.convert_to_numpy(b),
-                                       atol=0.05 * scale, err_msg=policy)
+            np.testing.assert_allclose(
+                a, keras.ops.convert_to_numpy(b), atol=0.05 * scale, err_msg=policy
+            )
     return layer

@@ -6,8 +6,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import keras_attn
 from layer_checks import check_layer
 from numpy_reference import (
     additive_scores,
@@ -17,6 +15,8 @@ from numpy_reference import (
     dot_scores,
     scaled_dot_scores,
 )
+
+import keras_attn
 
 rng = np.random.default_rng(0)
 Q = rng.normal(size=(2, 4, 6)).astype("float32")
@@ -82,7 +82,9 @@ def _numpy_scores(layer, q, k):
         return scaled_dot_scores(q, k, s.scale)
     if isinstance(s, keras_attn.scores.AdditiveScore):
         bias = None if s.bias is None else np_(s.bias)
-        return additive_scores(q, k, np_(s.query_kernel), np_(s.key_kernel), np_(s.score_vector), bias)
+        return additive_scores(
+            q, k, np_(s.query_kernel), np_(s.key_kernel), np_(s.score_vector), bias
+        )
     return bilinear_scores(q, k, np_(s.kernel))
 
 
@@ -91,8 +93,14 @@ def test_matches_numpy_reference(name):
     make, value = LAYERS[name]
     layer = make()
     attn_mask = rng.random((2, 4, 5)) > 0.3
-    out, w = layer(Q, value, query_mask=Q_MASK, value_mask=V_MASK, attention_mask=attn_mask,
-                   return_attention_scores=True)
+    out, w = layer(
+        Q,
+        value,
+        query_mask=Q_MASK,
+        value_mask=V_MASK,
+        attention_mask=attn_mask,
+        return_attention_scores=True,
+    )
     mask = Q_MASK[:, :, None] & V_MASK[:, None, :] & attn_mask
     ref_out, ref_w = attend(_numpy_scores(layer, Q, value), value, mask)
     np.testing.assert_allclose(np_(w), ref_w, atol=1e-5)
@@ -107,7 +115,11 @@ def test_key_value_attention_matches_numpy(score):
     def dense(d, x):
         return x @ np_(d.kernel) + np_(d.bias)
 
-    q, k, v = dense(layer.query_dense, Q), dense(layer.key_dense, V_WIDE), dense(layer.value_dense, V_WIDE)
+    q, k, v = (
+        dense(layer.query_dense, Q),
+        dense(layer.key_dense, V_WIDE),
+        dense(layer.value_dense, V_WIDE),
+    )
     mask = V_MASK[:, None, :] & causal(4, 5)
     ref_ctx, ref_w = attend(_numpy_scores(layer, q, k), v, mask)
     np.testing.assert_allclose(np_(w), ref_w, atol=1e-5)
@@ -213,14 +225,20 @@ def test_embedding_mask_zero_model_trains_and_round_trips(tmp_path):
     x = keras.layers.GlobalAveragePooling1D()(x)
     out = keras.layers.Dense(2, activation="softmax")(x)
     model = keras.Model(tokens, out)
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
     history = model.fit(ids, labels, epochs=15, batch_size=64, verbose=0)
     assert history.history["accuracy"][-1] > 0.9, history.history["accuracy"]
 
     path = tmp_path / "model.keras"
     model.save(path)
     reloaded = keras.saving.load_model(path, safe_mode=True)
-    np.testing.assert_allclose(reloaded.predict(ids, verbose=0), model.predict(ids, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(
+        reloaded.predict(ids, verbose=0), model.predict(ids, verbose=0), atol=1e-6
+    )
     model.export(str(tmp_path / "sm"), verbose=False)
     served = tf.saved_model.load(str(tmp_path / "sm"))
     np.testing.assert_allclose(np_(served.serve(ids)), model.predict(ids, verbose=0), atol=1e-6)
@@ -230,9 +248,19 @@ def test_embedding_mask_zero_model_trains_and_round_trips(tmp_path):
     "make, args, error, match",
     [
         (keras_attn.DotAttention, (Q, V_WIDE), ValueError, r"`query` and `key`"),
-        (keras_attn.DotAttention, (Q[0], V), ValueError, r"`query` and `value` must have the same batch size"),
+        (
+            keras_attn.DotAttention,
+            (Q[0], V),
+            ValueError,
+            r"`query` and `value` must have the same batch size",
+        ),
         (keras_attn.DotAttention, (Q, V[:, :, :, None]), ValueError, r"`value` must have rank 3"),
-        (keras_attn.DotAttention, (Q, V, V[:, :3]), ValueError, r"`key` and `value` must have the same length"),
+        (
+            keras_attn.DotAttention,
+            (Q, V, V[:, :3]),
+            ValueError,
+            r"`key` and `value` must have the same length",
+        ),
     ],
 )
 def test_bad_shapes(make, args, error, match):
@@ -246,7 +274,9 @@ def test_bad_masks_and_arguments():
         layer(Q, V, value_mask=np.ones((2, 4), bool))
     with pytest.raises(ValueError, match=r"`attention_mask` must have rank 3"):
         layer(Q, V, attention_mask=np.ones((4, 5), bool))
-    with pytest.raises(ValueError, match=r"`dropout` must be a number in \[0, 1\). Received: dropout=1.5"):
+    with pytest.raises(
+        ValueError, match=r"`dropout` must be a number in \[0, 1\). Received: dropout=1.5"
+    ):
         keras_attn.DotAttention(dropout=1.5)
     with pytest.raises(ValueError, match=r"`units` must be a positive integer.*units=0"):
         keras_attn.AdditiveAttention(units=0)

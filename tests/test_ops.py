@@ -4,8 +4,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from keras_attn import ops
 from numpy_reference import (
     additive_scores,
     attend,
@@ -15,6 +13,8 @@ from numpy_reference import (
     scaled_dot_scores,
     softmax_masked,
 )
+
+from keras_attn import ops
 
 rng = np.random.default_rng(0)
 Q = rng.normal(size=(2, 3, 4)).astype("float32")
@@ -28,9 +28,7 @@ def np_(x):
 
 def test_scores_match_numpy():
     np.testing.assert_allclose(np_(ops.dot_score(Q, K)), dot_scores(Q, K), atol=1e-5)
-    np.testing.assert_allclose(
-        np_(ops.scaled_dot_score(Q, K)), scaled_dot_scores(Q, K), atol=1e-5
-    )
+    np.testing.assert_allclose(np_(ops.scaled_dot_score(Q, K)), scaled_dot_scores(Q, K), atol=1e-5)
     np.testing.assert_allclose(
         np_(ops.scaled_dot_score(Q, K, scale=0.3)), dot_scores(Q, K) * 0.3, atol=1e-5
     )
@@ -75,9 +73,7 @@ def test_attention_matches_numpy_with_masks_and_heads():
 def test_causal_mask_end_aligned():
     np.testing.assert_array_equal(np_(ops.causal_mask(3)), np.tril(np.ones((3, 3), bool)))
     # Tq=2 last positions of Tv=4: query 0 sees keys 0..2, query 1 sees 0..3.
-    np.testing.assert_array_equal(
-        np_(ops.causal_mask(2, 4)), [[1, 1, 1, 0], [1, 1, 1, 1]]
-    )
+    np.testing.assert_array_equal(np_(ops.causal_mask(2, 4)), [[1, 1, 1, 0], [1, 1, 1, 1]])
 
 
 def test_compute_attention_mask_merges_everything():
@@ -102,7 +98,11 @@ def test_masked_softmax_fully_masked_rows_and_large_scores(dtype):
         loss = tf.reduce_sum(tf.cast(w, "float32") * tf.constant([[1.0, 2.0, 3.0]]))
     grad = tape.gradient(loss, x)
     assert w.dtype == dtype
-    np.testing.assert_allclose(np_(tf.cast(w, "float32")), softmax_masked(np_(x.value()).astype("float64"), mask), atol=1e-3)
+    np.testing.assert_allclose(
+        np_(tf.cast(w, "float32")),
+        softmax_masked(np_(x.value()).astype("float64"), mask),
+        atol=1e-3,
+    )
     assert np.all(np_(tf.cast(w, "float32"))[1] == 0)
     assert np.all(np.isfinite(np_(tf.cast(grad, "float32"))))
 
