@@ -7,15 +7,31 @@ from keras_attn.additive_attention import AdditiveAttention
 from keras_attn.base import ScoreAttention
 from keras_attn.bilinear_attention import BilinearAttention
 from keras_attn.dot_attention import DotAttention, ScaledDotAttention
+from keras_attn.hard_attention import HardAttention
 from keras_attn.key_value_attention import KeyValueAttention
+from keras_attn.pointer_attention import PointerAttention
+from keras_attn.pooling import AttentionPooling
+from keras_attn.positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    TokenAndPositionEmbedding,
+)
 
 __all__ = [
     "AdditiveAttention",
+    "AttentionPooling",
     "BilinearAttention",
     "DotAttention",
+    "HardAttention",
     "KeyValueAttention",
+    "LearnedPositionalEmbedding",
+    "PointerAttention",
+    "RotaryEmbedding",
     "ScaledDotAttention",
     "ScoreAttention",
+    "SinusoidalPositionalEncoding",
+    "TokenAndPositionEmbedding",
     "ops",
     "scores",
 ]

@@ -30,7 +30,7 @@ class AdditiveAttention(_FixedScoreAttention):
     >>> decoder_state = keras.random.normal((2, 32))        # (B, dq)
     >>> encoder_outputs = keras.random.normal((2, 7, 64))   # (B, Tv, dv)
     >>> context = keras_attn.AdditiveAttention(units=16)(decoder_state, encoder_outputs)
-    >>> context.shape
+    >>> print(context.shape)
     (2, 64)
 
     Reference:

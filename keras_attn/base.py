@@ -27,7 +27,7 @@ def check_positive_int(name, value, allow_none=False):
     return value
 
 
-def _check_rank(name, shape, ranks):
+def check_rank(name, shape, ranks):
     if len(shape) not in ranks:
         expected = " or ".join(str(r) for r in ranks)
         raise ValueError(
@@ -81,7 +81,7 @@ class ScoreAttention(keras.layers.Layer):
 
     >>> layer = keras_attn.ScoreAttention(score="bilinear")
     >>> out = layer(keras.ops.ones((2, 3, 4)), keras.ops.ones((2, 5, 6)))
-    >>> out.shape
+    >>> print(out.shape)
     (2, 3, 6)
     """
 
@@ -121,9 +121,9 @@ class ScoreAttention(keras.layers.Layer):
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape
-        _check_rank("query", query_shape, (2, 3))
-        _check_rank("value", value_shape, (3,))
-        _check_rank("key", key_shape, (3,))
+        check_rank("query", query_shape, (2, 3))
+        check_rank("value", value_shape, (3,))
+        check_rank("key", key_shape, (3,))
         _check_dim("key", key_shape[1], "value", value_shape[1], "length (axis 1)")
         _check_dim("query", query_shape[0], "value", value_shape[0], "batch size")
         if len(query_shape) == 2:
@@ -131,7 +131,8 @@ class ScoreAttention(keras.layers.Layer):
         q_shape, k_shape, _ = self.build_projections(
             tuple(query_shape), tuple(key_shape), tuple(value_shape)
         )
-        self.score_layer.build(q_shape, k_shape)
+        if not self.score_layer.built:  # a deserialized Score arrives built
+            self.score_layer.build(q_shape, k_shape)
         self.built = True
 
     def call(
@@ -153,7 +154,7 @@ class ScoreAttention(keras.layers.Layer):
             if query_mask is not None:
                 query_mask = kops.reshape(query_mask, (-1, 1))
             if attention_mask is not None:
-                _check_rank("attention_mask", attention_mask.shape, (2,))
+                check_rank("attention_mask", attention_mask.shape, (2,))
                 attention_mask = kops.expand_dims(attention_mask, 1)
         self._check_masks(query, value, query_mask, value_mask, attention_mask)
 
@@ -184,13 +185,13 @@ class ScoreAttention(keras.layers.Layer):
 
     def _check_masks(self, query, value, query_mask, value_mask, attention_mask):
         if query_mask is not None:
-            _check_rank("query_mask", query_mask.shape, (2,))
+            check_rank("query_mask", query_mask.shape, (2,))
             _check_dim("query_mask", query_mask.shape[1], "query", query.shape[1], "length")
         if value_mask is not None:
-            _check_rank("value_mask", value_mask.shape, (2,))
+            check_rank("value_mask", value_mask.shape, (2,))
             _check_dim("value_mask", value_mask.shape[1], "value", value.shape[1], "length")
         if attention_mask is not None:
-            _check_rank("attention_mask", attention_mask.shape, (3,))
+            check_rank("attention_mask", attention_mask.shape, (3,))
             _check_dim(
                 "attention_mask",
                 attention_mask.shape[1],

@@ -25,7 +25,7 @@ class BilinearAttention(_FixedScoreAttention):
 
     >>> q = keras.random.normal((2, 4, 8))
     >>> v = keras.random.normal((2, 6, 12))
-    >>> keras_attn.BilinearAttention()(q, v).shape
+    >>> print(keras_attn.BilinearAttention()(q, v).shape)
     (2, 4, 12)
 
     Reference:

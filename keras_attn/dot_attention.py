@@ -34,8 +34,8 @@ class DotAttention(_FixedScoreAttention):
     >>> q = keras.random.normal((2, 3, 8))
     >>> v = keras.random.normal((2, 5, 8))
     >>> out, w = keras_attn.DotAttention()(q, v, return_attention_scores=True)
-    >>> out.shape, w.shape
-    ((2, 3, 8), (2, 3, 5))
+    >>> print(out.shape, w.shape)
+    (2, 3, 8) (2, 3, 5)
 
     Reference:
         Luong et al., 2015, "Effective Approaches to Attention-based Neural
@@ -63,7 +63,7 @@ class ScaledDotAttention(_FixedScoreAttention):
     Example:
 
     >>> x = keras.random.normal((2, 6, 16))
-    >>> keras_attn.ScaledDotAttention()(x, x, use_causal_mask=True).shape
+    >>> print(keras_attn.ScaledDotAttention()(x, x, use_causal_mask=True).shape)
     (2, 6, 16)
 
     Reference:

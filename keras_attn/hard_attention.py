@@ -54,8 +54,8 @@ class HardAttention(ScoreAttention):
     >>> query = keras.random.normal((2, 8))              # (B, dq)
     >>> value = keras.random.normal((2, 6, 8))           # (B, Tv, dv)
     >>> out, w = keras_attn.HardAttention()(query, value, return_attention_scores=True)
-    >>> out.shape, w.shape                             # w is one-hot on axis -1
-    ((2, 8), (2, 6))
+    >>> print(out.shape, w.shape)                             # w is one-hot on axis -1
+    (2, 8) (2, 6)
 
     Reference:
         Xu et al., 2015, "Show, Attend and Tell", https://arxiv.org/abs/1502.03044;
@@ -71,8 +71,7 @@ class HardAttention(ScoreAttention):
             or not temperature > 0
         ):
             raise ValueError(
-                "`temperature` must be a positive number. "
-                f"Received: temperature={temperature!r}"
+                f"`temperature` must be a positive number. Received: temperature={temperature!r}"
             )
         self.temperature = float(temperature)
 
@@ -94,7 +93,7 @@ class HardAttention(ScoreAttention):
             hard = hard * kops.cast(ops.visible_rows(mask), hard.dtype)
         if training:
             # Forward value exactly `hard`; gradient of the soft sample.
-            hard = hard
+            hard = hard + (soft - kops.stop_gradient(soft))
         return kops.cast(hard, scores.dtype)
 
     def get_config(self):

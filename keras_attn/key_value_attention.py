@@ -37,7 +37,7 @@ class KeyValueAttention(ScoreAttention):
 
     >>> x = keras.random.normal((2, 10, 32))
     >>> layer = keras_attn.KeyValueAttention(key_dim=16, output_dim=32)
-    >>> layer(x, x, use_causal_mask=True).shape
+    >>> print(layer(x, x, use_causal_mask=True).shape)
     (2, 10, 32)
 
     Reference:

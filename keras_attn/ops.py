@@ -282,8 +282,8 @@ def attention(
 
     >>> q = keras.random.normal((2, 4, 8))
     >>> out, w = keras_attn.ops.attention(q, q, q, is_causal=True)
-    >>> out.shape, w.shape
-    ((2, 4, 8), (2, 4, 4))
+    >>> print(out.shape, w.shape)
+    (2, 4, 8) (2, 4, 4)
     """
     scores = scaled_dot_score(query, key, scale=scale)
     if is_causal:

@@ -53,7 +53,7 @@ class PointerAttention(AdditiveAttention):
     >>> chosen = keras_attn.ops.chosen_positions_mask(targets, 5)   # (B, Tq, Tv)
     >>> pointer = keras_attn.PointerAttention(units=8)
     >>> probs = pointer(decoder_states, encoder_states, attention_mask=chosen)
-    >>> probs.shape                          # train with sparse CE on targets
+    >>> print(probs.shape)                          # train with sparse CE on targets
     (2, 5, 5)
 
     Reference:

@@ -4,7 +4,7 @@ import keras
 from keras import ops as kops
 
 from keras_attn import ops
-from keras_attn.base import _check_rank, check_positive_int, check_rate
+from keras_attn.base import check_positive_int, check_rank, check_rate
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -47,7 +47,7 @@ class AttentionPooling(keras.layers.Layer):
     >>> x = keras.layers.Embedding(1000, 32, mask_zero=True)(tokens)
     >>> x = keras.layers.Bidirectional(keras.layers.GRU(16, return_sequences=True))(x)
     >>> sentence = keras_attn.AttentionPooling(units=32)(x)   # padding masked
-    >>> sentence.shape
+    >>> print(sentence.shape)
     (None, 32)
 
     Reference:
@@ -78,19 +78,19 @@ class AttentionPooling(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        _check_rank("inputs", inputs_shape, (3,))
+        check_rank("inputs", inputs_shape, (3,))
         if inputs_shape[-1] is None:
             raise ValueError(
                 "The last axis of `inputs` must be known. "
                 f"Received: inputs.shape={tuple(inputs_shape)}"
             )
         self.kernel = self.add_weight(  # W
-            name="kernel", shape=(inputs_shape[-1], self.units),
+            name="kernel",
+            shape=(inputs_shape[-1], self.units),
             initializer=self.kernel_initializer,
         )
         self.bias = (  # b
-            self.add_weight(name="bias", shape=(self.units,),
-                            initializer=self.bias_initializer)
+            self.add_weight(name="bias", shape=(self.units,), initializer=self.bias_initializer)
             if self.use_bias
             else None
         )
@@ -99,9 +99,9 @@ class AttentionPooling(keras.layers.Layer):
         )
 
     def call(self, inputs, mask=None, return_attention_scores=False, training=None):
-        _check_rank("inputs", inputs.shape, (3,))
+        check_rank("inputs", inputs.shape, (3,))
         if mask is not None:
-            _check_rank("mask", mask.shape, (2,))
+            check_rank("mask", mask.shape, (2,))
         hidden = kops.matmul(inputs, self.kernel)  # (B, T, units)
         if self.bias is not None:
             hidden = hidden + self.bias
@@ -122,8 +122,7 @@ class AttentionPooling(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape):
         return (inputs_shape[0], inputs_shape[-1])
 
-    def compute_output_spec(self, inputs, mask=None, return_attention_scores=False,
-                            training=None):
+    def compute_output_spec(self, inputs, mask=None, return_attention_scores=False, training=None):
         pooled = keras.KerasTensor(
             self.compute_output_shape(inputs.shape), dtype=self.compute_dtype
         )
@@ -140,9 +139,7 @@ class AttentionPooling(keras.layers.Layer):
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "context_initializer": keras.initializers.serialize(
-                    self.context_initializer
-                ),
+                "context_initializer": keras.initializers.serialize(self.context_initializer),
                 "dropout": self.dropout,
                 "seed": self.seed,
             }

@@ -1,8 +1,10 @@
 """Position information: sinusoidal, learned and rotary encodings.
 
-Positions run along axis 1 and features along the last axis. Every layer takes
-`start_index` so that a cached decoder can encode the positions
-`start_index, start_index + 1, ...` of the tokens it is fed one by one.
+Positions run along axis 1, features along the last axis. Every layer takes
+`start_index`, so a cached decoder fed one token at a time encodes positions
+`start_index, start_index + 1, ...`. The layers pass an incoming implicit mask
+through; add an encoding with `keras.layers.Add()` to keep it (a plain
+`x + pe(x)` is an op, not a layer, and drops Keras' implicit mask).
 """
 
 import keras
@@ -14,9 +16,7 @@ from keras_attn.base import check_positive_int
 
 def _check_positive_number(name, value):
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"`{name}` must be a positive number. Received: {name}={value!r}"
-        )
+        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
     return value
 
 
@@ -29,9 +29,19 @@ def _check_input_shape(name, shape, ranks, even=False, width=True):
     if width and (shape[-1] is None or (even and shape[-1] % 2)):
         what = "known and even" if even else "known"
         raise ValueError(
-            f"The last axis of `{name}` must be {what}. "
-            f"Received: {name}.shape={tuple(shape)}"
+            f"The last axis of `{name}` must be {what}. Received: {name}.shape={tuple(shape)}"
         )
+
+
+class _PositionLayer(keras.layers.Layer):
+    """Shared by the encodings: passes the mask through, output shaped like the input."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def compute_output_shape(self, inputs_shape):
+        return tuple(inputs_shape)
 
 
 def _positions(length, start_index):
@@ -46,13 +56,13 @@ def _inverse_frequencies(max_wavelength, depth):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class SinusoidalPositionalEncoding(keras.layers.Layer):
+class SinusoidalPositionalEncoding(_PositionLayer):
     """Fixed sinusoidal position encoding (Vaswani et al.), interleaved.
 
     `PE(pos, 2i) = sin(pos / max_wavelength^(2i/d))`,
     `PE(pos, 2i+1) = cos(pos / max_wavelength^(2i/d))`: even channels sin, odd
-    channels cos. No weights; any length, any `d` (odd too). The layer returns
-    the encoding for the caller to add, and passes an incoming mask through.
+    channels cos. No weights; any length, any `d` (odd too). Returns the
+    encoding for the caller to add.
 
     Args:
         max_wavelength: the base of the geometric progression of wavelengths.
@@ -69,7 +79,8 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     Example:
 
     >>> x = keras.random.normal((2, 10, 16))
-    >>> x = x + keras_attn.SinusoidalPositionalEncoding()(x)
+    >>> print(keras_attn.SinusoidalPositionalEncoding()(x).shape)
+    (2, 10, 16)
 
     Reference:
         Vaswani et al., 2017, "Attention Is All You Need",
@@ -79,7 +90,6 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
         self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
-        self.supports_masking = True
 
     def build(self, inputs_shape):
         _check_input_shape("inputs", inputs_shape, (3,))
@@ -87,29 +97,27 @@ class SinusoidalPositionalEncoding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0):
         depth = inputs.shape[-1]
-        angles = ops.expand_dims(_positions(ops.shape(inputs)[1], start_index), 1) * (
-            ops.repeat(_inverse_frequencies(self.max_wavelength, depth), 2)[:depth]
-        )  # (T, d): channels 2i and 2i+1 share a frequency
+        # Channels 2i and 2i+1 share the frequency max_wavelength^(-2i/d).
+        frequencies = ops.repeat(_inverse_frequencies(self.max_wavelength, depth), 2)
+        positions = _positions(ops.shape(inputs)[1], start_index)
+        angles = ops.outer(positions, frequencies[:depth])  # (T, d)
         is_even = ops.arange(depth) % 2 == 0
         encoding = ops.where(is_even, ops.sin(angles), ops.cos(angles))
         return ops.broadcast_to(ops.cast(encoding, inputs.dtype), ops.shape(inputs))
 
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
     def get_config(self):
         config = super().get_config()
-        config.update({"max_wavelength": self.max_wavelength})
+        config.update(max_wavelength=self.max_wavelength)
         return config
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LearnedPositionalEmbedding(keras.layers.Layer):
+class LearnedPositionalEmbedding(_PositionLayer):
     """Learned absolute position embedding: `PE(pos) = P[pos]`.
 
     A trainable table `P` of shape `(sequence_length, d)`; row `pos` encodes
-    position `pos`. Returns the rows for the input's positions, for the caller
-    to add, and passes an incoming mask through.
+    position `pos`. Returns the rows of the input's positions, for the caller
+    to add.
 
     Args:
         sequence_length: the number of rows, i.e. the longest sequence.
@@ -128,29 +136,27 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     Example:
 
     >>> x = keras.random.normal((2, 10, 16))
-    >>> x = x + keras_attn.LearnedPositionalEmbedding(sequence_length=64)(x)
+    >>> print(keras_attn.LearnedPositionalEmbedding(sequence_length=64)(x).shape)
+    (2, 10, 16)
 
     Reference:
         Gehring et al., 2017, "Convolutional Sequence to Sequence Learning",
-        https://arxiv.org/abs/1705.03122; Vaswani et al., 2017,
-        https://arxiv.org/abs/1706.03762
+        https://arxiv.org/abs/1705.03122
     """
 
     def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         self.sequence_length = check_positive_int("sequence_length", sequence_length)
         self.initializer = keras.initializers.get(initializer)
-        self.supports_masking = True
 
     def _check_length(self, length, start_index=0):
         if length is None or not isinstance(start_index, int):
             return
         if start_index + length > self.sequence_length:
             raise ValueError(
-                f"The input sequence is longer than `sequence_length`: positions "
-                f"{start_index}..{start_index + length - 1} need "
-                f"{start_index + length} rows. Received: input length={length}, "
-                f"start_index={start_index}, sequence_length={self.sequence_length}"
+                "The input sequence does not fit in `sequence_length` positions. Received: "
+                f"input length={length}, start_index={start_index}, "
+                f"sequence_length={self.sequence_length}"
             )
 
     def build(self, inputs_shape):
@@ -171,22 +177,17 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         )  # (T, d)
         return ops.broadcast_to(ops.cast(rows, inputs.dtype), ops.shape(inputs))
 
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
     def get_config(self):
         config = super().get_config()
         config.update(
-            {
-                "sequence_length": self.sequence_length,
-                "initializer": keras.initializers.serialize(self.initializer),
-            }
+            sequence_length=self.sequence_length,
+            initializer=keras.initializers.serialize(self.initializer),
         )
         return config
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(_PositionLayer):
     """Rotary position embedding (RoPE, RoFormer), interleaved pairs.
 
     Each pair `(x_2i, x_2i+1)` is rotated by the angle `m * theta_i`, with `m`
@@ -215,7 +216,7 @@ class RotaryEmbedding(keras.layers.Layer):
     Example:
 
     >>> q = keras.random.normal((2, 10, 4, 16))  # (B, T, H, dk)
-    >>> keras_attn.RotaryEmbedding()(q).shape
+    >>> print(keras_attn.RotaryEmbedding()(q).shape)
     (2, 10, 4, 16)
 
     Reference:
@@ -227,7 +228,6 @@ class RotaryEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
         self.scaling_factor = _check_positive_number("scaling_factor", scaling_factor)
-        self.supports_masking = True
 
     def build(self, inputs_shape):
         _check_input_shape("inputs", inputs_shape, (3, 4), even=True)
@@ -237,10 +237,8 @@ class RotaryEmbedding(keras.layers.Layer):
         _check_input_shape("inputs", inputs.shape, (3, 4), even=True)
         rank, depth = len(inputs.shape), inputs.shape[-1]
         positions = _positions(ops.shape(inputs)[1], start_index) / self.scaling_factor
-        angles = ops.expand_dims(positions, 1) * _inverse_frequencies(
-            self.max_wavelength, depth
-        )  # (T, d/2)
-        # (T, d/2) -> (T, 1, d/2) for (B, T, H, d) inputs.
+        angles = ops.outer(positions, _inverse_frequencies(self.max_wavelength, depth))
+        # (T, d/2), or (T, 1, d/2) for (B, T, H, d) inputs.
         angles = ops.reshape(angles, (-1,) + (1,) * (rank - 3) + (depth // 2,))
         cos, sin = ops.cos(angles), ops.sin(angles)
         x = ops.cast(inputs, "float32")
@@ -250,14 +248,9 @@ class RotaryEmbedding(keras.layers.Layer):
         )  # (B, T, [H,] d/2, 2): pairs back in place
         return ops.cast(ops.reshape(rotated, ops.shape(inputs)), inputs.dtype)
 
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape)
-
     def get_config(self):
         config = super().get_config()
-        config.update(
-            max_wavelength=self.max_wavelength, scaling_factor=self.scaling_factor
-        )
+        config.update(max_wavelength=self.max_wavelength, scaling_factor=self.scaling_factor)
         return config
 
 
@@ -274,14 +267,13 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     Args:
         vocab_size: number of token ids.
-        sequence_length: the longest sequence (rows of the learned table; the
-            sinusoidal encoding works for any length).
+        sequence_length: rows of the learned table (sinusoidal: any length).
         embedding_dim: width of the output.
         position: `"sinusoidal"` (`SinusoidalPositionalEncoding`) or
             `"learned"` (`LearnedPositionalEmbedding`).
         mask_zero: whether token id 0 is padding.
-        embeddings_initializer: of the token embedding table.
-        position_initializer: of the learned position table.
+        embeddings_initializer: of the token table (and the learned position
+            table).
         max_wavelength: of the sinusoidal encoding.
         **kwargs: base `keras.layers.Layer` arguments.
 
@@ -296,7 +288,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     Example:
 
     >>> layer = keras_attn.TokenAndPositionEmbedding(1000, 64, 32)
-    >>> layer(keras.ops.array([[5, 7, 9, 0]])).shape
+    >>> print(layer(keras.ops.array([[5, 7, 9, 0]])).shape)
     (1, 4, 32)
 
     Reference:
@@ -312,7 +304,6 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         position="sinusoidal",
         mask_zero=True,
         embeddings_initializer="uniform",
-        position_initializer="glorot_uniform",
         max_wavelength=10000,
         **kwargs,
     ):
@@ -322,13 +313,11 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
         if position not in _POSITIONS:
             raise ValueError(
-                f"`position` must be one of {_POSITIONS}. "
-                f"Received: position={position!r}"
+                f"`position` must be one of {_POSITIONS}. Received: position={position!r}"
             )
         self.position = position
         self.mask_zero = bool(mask_zero)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        self.position_initializer = keras.initializers.get(position_initializer)
         self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
 
         self.token_embedding = keras.layers.Embedding(
@@ -341,7 +330,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         if position == "learned":
             self.position_embedding = LearnedPositionalEmbedding(
                 sequence_length,
-                initializer=self.position_initializer,
+                initializer=self.embeddings_initializer,
                 dtype=self.dtype_policy,
                 name="position_embedding",
             )
@@ -368,20 +357,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
+        names = ("vocab_size", "sequence_length", "embedding_dim", "position", "mask_zero")
+        config.update({name: getattr(self, name) for name in names})
         config.update(
-            {
-                "vocab_size": self.vocab_size,
-                "sequence_length": self.sequence_length,
-                "embedding_dim": self.embedding_dim,
-                "position": self.position,
-                "mask_zero": self.mask_zero,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
-                "position_initializer": keras.initializers.serialize(
-                    self.position_initializer
-                ),
-                "max_wavelength": self.max_wavelength,
-            }
+            embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
+            max_wavelength=self.max_wavelength,
         )
         return config

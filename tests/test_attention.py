@@ -37,6 +37,12 @@ LAYERS = {
         V_WIDE,
     ),
     "score_bilinear": (functools.partial(keras_attn.ScoreAttention, score="bilinear"), V_WIDE),
+    "score_instance": (
+        lambda **kw: keras_attn.ScoreAttention(
+            score=keras_attn.scores.AdditiveScore(units=3, use_bias=True), **kw
+        ),
+        V_WIDE,
+    ),
 }
 
 
@@ -88,7 +94,9 @@ def _numpy_scores(layer, q, k):
     return bilinear_scores(q, k, np_(s.kernel))
 
 
-@pytest.mark.parametrize("name", ["dot", "scaled_dot", "additive", "bilinear", "score_bilinear"])
+@pytest.mark.parametrize(
+    "name", ["dot", "scaled_dot", "additive", "bilinear", "score_bilinear", "score_instance"]
+)
 def test_matches_numpy_reference(name):
     make, value = LAYERS[name]
     layer = make()

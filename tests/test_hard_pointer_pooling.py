@@ -104,7 +104,10 @@ def test_hard_attention_inference_is_argmax_of_numpy_score():
     rng, query, value = _attention_inputs(1)
     query_mask, value_mask = _masks(rng)
     out, weights = HardAttention()(
-        query, value, query_mask=query_mask, value_mask=value_mask,
+        query,
+        value,
+        query_mask=query_mask,
+        value_mask=value_mask,
         return_attention_scores=True,
     )
     scores = np.einsum("bqd,bkd->bqk", query, value)
@@ -124,8 +127,12 @@ def test_hard_attention_training_is_one_hot_with_gradients():
     query_var = tf.Variable(query)
     with tf.GradientTape() as tape:
         out, weights = layer(
-            query_var, value, query_mask=query_mask, value_mask=value_mask,
-            return_attention_scores=True, training=True,
+            query_var,
+            value,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            return_attention_scores=True,
+            training=True,
         )
         loss = keras.ops.sum(out * rng.normal(size=out.shape).astype("float32"))
     grad = _np(tape.gradient(loss, query_var))
@@ -177,7 +184,6 @@ def _selection_data(rng, n, classes=8, tv=6, dv=4):
     return {"query": query, "key": key, "value": value}, target, answer
 
 
-@pytest.mark.slow
 def test_hard_attention_learns_a_selection_task():
     """Query: one-hot class id; the target is the value whose key has that class."""
     keras.utils.set_random_seed(0)
@@ -229,8 +235,12 @@ def test_pointer_distribution_matches_numpy_and_masks():
     chosen = _np(ops.chosen_positions_mask(pointers, TV))
     layer = PointerAttention(units=6)
     probs, again = layer(
-        query, value, query_mask=query_mask, value_mask=value_mask,
-        attention_mask=chosen, return_attention_scores=True,
+        query,
+        value,
+        query_mask=query_mask,
+        value_mask=value_mask,
+        attention_mask=chosen,
+        return_attention_scores=True,
     )
     probs = _np(probs)
     np.testing.assert_array_equal(probs, _np(again))
@@ -279,8 +289,7 @@ def test_pointer_attention_learns_to_sort():
     dec = keras.layers.Dense(16, activation="tanh")(decoder)
     probs = PointerAttention(units=16)(dec, enc, attention_mask=chosen)
     model = keras.Model([encoder, decoder, chosen], probs)
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss="sparse_categorical_crossentropy")
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
     model.fit(train, train_targets, epochs=3, batch_size=64, verbose=0)
 
     predicted = np.argmax(model.predict(test, verbose=0), -1)
@@ -288,7 +297,7 @@ def test_pointer_attention_learns_to_sort():
     # Uniform over the not yet chosen positions.
     chance = float(np.mean([1.0 / (length - i) for i in range(length)]))
     print(f"pointer sorting accuracy: {accuracy:.3f} (chance {chance:.3f})")
-    assert accuracy > chance + 0.2, (accuracy, chance)
+    assert accuracy >= 0.9 > chance, (accuracy, chance)
 
 
 # ---------------------------------------------------------------------------
@@ -307,9 +316,7 @@ def test_attention_pooling_matches_numpy():
     W, b, u_w = _np(layer.kernel), _np(layer.bias), _np(layer.context)
     expected_weights = _np_softmax(np.tanh(x @ W + b) @ u_w, mask)  # (B, T)
     np.testing.assert_allclose(_np(weights), expected_weights, atol=1e-5)
-    np.testing.assert_allclose(
-        _np(pooled), np.einsum("bt,btd->bd", expected_weights, x), atol=1e-5
-    )
+    np.testing.assert_allclose(_np(pooled), np.einsum("bt,btd->bd", expected_weights, x), atol=1e-5)
     np.testing.assert_allclose(_np(weights).sum(-1), 1.0, atol=1e-6)
     assert np.all(_np(weights)[~mask] == 0.0)
 
@@ -357,7 +364,9 @@ def test_bad_units(units):
 
 @pytest.mark.parametrize("temperature", [0, -1.0, True, "hot"])
 def test_bad_temperature(temperature):
-    with pytest.raises(ValueError, match=r"`temperature` must be a positive number. Received: temperature="):
+    with pytest.raises(
+        ValueError, match=r"`temperature` must be a positive number. Received: temperature="
+    ):
         HardAttention(temperature=temperature)
 
 

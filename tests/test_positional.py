@@ -39,9 +39,7 @@ def np_rotary(x, positions, max_wavelength=10000, scaling_factor=1.0):
     for t, pos in enumerate(positions):
         for i in range(depth // 2):
             angle = pos / scaling_factor * max_wavelength ** (-2 * i / depth)
-            rotation = np.array(
-                [[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]]
-            )
+            rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
             pair = x[:, t, ..., 2 * i : 2 * i + 2]  # (B, [H,] 2)
             out[:, t, ..., 2 * i : 2 * i + 2] = pair @ rotation.T
     return out
@@ -270,7 +268,9 @@ def test_positional_layers_pass_the_mask_through(make):
     ids = padded_ids(np.random.default_rng(11))
     inputs = keras.Input(shape=(7,), dtype="int32")
     x = keras.layers.Embedding(20, 4, mask_zero=True)(inputs)
-    x = x + make()(x)
+    # The encoding's own output carries the mask (a plain `x + pe(x)` would drop
+    # it: Keras ops do not propagate masks, `keras.layers.Add` does).
+    x = make()(x)
     _, weights = ScaledDotAttention()(x, x, return_attention_scores=True)
     weights = to_numpy(keras.Model(inputs, weights)(ids))
     assert np.all(weights[np.broadcast_to((ids == 0)[:, None, :], weights.shape)] == 0)
