@@ -35,10 +35,51 @@ def check_rank(name, shape, ranks):
         )
 
 
-def _check_dim(name_a, dim_a, name_b, dim_b, what):
+def check_dim(name_a, dim_a, name_b, dim_b, what):
     if dim_a is not None and dim_b is not None and dim_a != dim_b:
         raise ValueError(
             f"`{name_a}` and `{name_b}` must have the same {what}. Received: {dim_a} and {dim_b}"
+        )
+
+
+def expand_single_query(query, query_mask, attention_mask):
+    """A rank-2 query `(B, dq)` becomes `(B, 1, dq)`, its masks following.
+
+    Returns `(query, query_mask, attention_mask, single_query)`.
+    """
+    if len(query.shape) != 2:
+        return query, query_mask, attention_mask, False
+    if query_mask is not None:
+        query_mask = kops.reshape(query_mask, (-1, 1))
+    if attention_mask is not None:
+        check_rank("attention_mask", attention_mask.shape, (2,))
+        attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
+    return kops.expand_dims(query, 1), query_mask, attention_mask, True
+
+
+def check_masks(query, value, query_mask, value_mask, attention_mask):
+    """Static checks of explicit masks against `query (B, Tq, .)` and `value (B, Tv, .)`."""
+    if query_mask is not None:
+        check_rank("query_mask", query_mask.shape, (2,))
+        check_dim("query_mask", query_mask.shape[1], "query", query.shape[1], "length")
+    if value_mask is not None:
+        check_rank("value_mask", value_mask.shape, (2,))
+        check_dim("value_mask", value_mask.shape[1], "value", value.shape[1], "length")
+    if attention_mask is not None:
+        check_rank("attention_mask", attention_mask.shape, (3,))
+        check_dim(
+            "attention_mask",
+            attention_mask.shape[1],
+            "query",
+            query.shape[1],
+            "query length (axis 1)",
+        )
+        check_dim(
+            "attention_mask",
+            attention_mask.shape[2],
+            "value",
+            value.shape[1],
+            "value length (axis 2 of the mask, axis 1 of value)",
         )
 
 
@@ -124,8 +165,8 @@ class ScoreAttention(keras.layers.Layer):
         check_rank("query", query_shape, (2, 3))
         check_rank("value", value_shape, (3,))
         check_rank("key", key_shape, (3,))
-        _check_dim("key", key_shape[1], "value", value_shape[1], "length (axis 1)")
-        _check_dim("query", query_shape[0], "value", value_shape[0], "batch size")
+        check_dim("key", key_shape[1], "value", value_shape[1], "length (axis 1)")
+        check_dim("query", query_shape[0], "value", value_shape[0], "batch size")
         if len(query_shape) == 2:
             query_shape = (query_shape[0], 1, query_shape[1])
         q_shape, k_shape, _ = self.build_projections(
@@ -148,26 +189,21 @@ class ScoreAttention(keras.layers.Layer):
         training=None,
     ):
         key = value if key is None else key
-        single_query = len(query.shape) == 2
-        if single_query:
-            query = kops.expand_dims(query, 1)  # (B, 1, dq)
-            if query_mask is not None:
-                query_mask = kops.reshape(query_mask, (-1, 1))
-            if attention_mask is not None:
-                check_rank("attention_mask", attention_mask.shape, (2,))
-                attention_mask = kops.expand_dims(attention_mask, 1)
-        self._check_masks(query, value, query_mask, value_mask, attention_mask)
-
-        query, key, value = self.project_inputs(query, key, value)
-        scores = self.score_layer(query, key)  # (B, Tq, Tv)
+        query, query_mask, attention_mask, single_query = expand_single_query(
+            query, query_mask, attention_mask
+        )
+        check_masks(query, value, query_mask, value_mask, attention_mask)
         mask = ops.compute_attention_mask(
             kops.shape(query)[1],
-            kops.shape(key)[1],
+            kops.shape(value)[1],
             query_mask=query_mask,
             value_mask=value_mask,
             attention_mask=attention_mask,
             use_causal_mask=use_causal_mask,
-        )
+        )  # (B, Tq, Tv) or None
+
+        query, key, value = self.project_inputs(query, key, value)
+        scores = self.score_layer(query, key)  # (B, Tq, Tv)
         weights = self.normalize(scores, mask, training)
         weights = ops.dropout_weights(
             weights, self.dropout, training=training, seed=self.seed_generator
@@ -182,30 +218,6 @@ class ScoreAttention(keras.layers.Layer):
         if return_attention_scores:
             return output, weights
         return output
-
-    def _check_masks(self, query, value, query_mask, value_mask, attention_mask):
-        if query_mask is not None:
-            check_rank("query_mask", query_mask.shape, (2,))
-            _check_dim("query_mask", query_mask.shape[1], "query", query.shape[1], "length")
-        if value_mask is not None:
-            check_rank("value_mask", value_mask.shape, (2,))
-            _check_dim("value_mask", value_mask.shape[1], "value", value.shape[1], "length")
-        if attention_mask is not None:
-            check_rank("attention_mask", attention_mask.shape, (3,))
-            _check_dim(
-                "attention_mask",
-                attention_mask.shape[1],
-                "query",
-                query.shape[1],
-                "query length (axis 1)",
-            )
-            _check_dim(
-                "attention_mask",
-                attention_mask.shape[2],
-                "value",
-                value.shape[1],
-                "value length (axis 2 of the mask, axis 1 of value)",
-            )
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_width(query_shape, value_shape),)
