@@ -9,6 +9,7 @@ from keras_attn.bilinear_attention import BilinearAttention
 from keras_attn.dot_attention import DotAttention, ScaledDotAttention
 from keras_attn.hard_attention import HardAttention
 from keras_attn.key_value_attention import KeyValueAttention
+from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.pointer_attention import PointerAttention
 from keras_attn.pooling import AttentionPooling
 from keras_attn.positional import (
@@ -26,6 +27,7 @@ __all__ = [
     "HardAttention",
     "KeyValueAttention",
     "LearnedPositionalEmbedding",
+    "MultiHeadAttention",
     "PointerAttention",
     "RotaryEmbedding",
     "ScaledDotAttention",

@@ -190,12 +190,12 @@ def compute_attention_mask(
         use_causal_mask: add `causal_mask(Tq, Tv)`.
 
     Returns:
-        A boolean mask broadcastable to `(B, Tq, Tv)`, or `None` when there is
-        nothing to mask.
+        A rank-3 boolean mask, `(B, Tq, Tv)` or `(1, Tq, Tv)` (causal only),
+        or `None` when there is nothing to mask.
     """
     q = None if query_mask is None else ops.expand_dims(as_bool_mask(query_mask), -1)
     v = None if value_mask is None else ops.expand_dims(as_bool_mask(value_mask), -2)
-    c = causal_mask(query_length, value_length) if use_causal_mask else None
+    c = ops.expand_dims(causal_mask(query_length, value_length), 0) if use_causal_mask else None
     return merge_masks(q, v, attention_mask, c)
 
 

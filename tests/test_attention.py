@@ -6,6 +6,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+
+import keras_attn
 from layer_checks import check_layer
 from numpy_reference import (
     additive_scores,
@@ -15,8 +17,6 @@ from numpy_reference import (
     dot_scores,
     scaled_dot_scores,
 )
-
-import keras_attn
 
 rng = np.random.default_rng(0)
 Q = rng.normal(size=(2, 4, 6)).astype("float32")

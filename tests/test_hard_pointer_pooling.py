@@ -6,13 +6,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from layer_checks import check_layer
 
 from keras_attn import ops
 from keras_attn.hard_attention import HardAttention
 from keras_attn.pointer_attention import PointerAttention
 from keras_attn.pooling import AttentionPooling
 from keras_attn.scores import BilinearScore
+from layer_checks import check_layer
 
 B, TQ, TV, D = 3, 4, 5, 8
 

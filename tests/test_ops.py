@@ -4,6 +4,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+
+from keras_attn import ops
 from numpy_reference import (
     additive_scores,
     attend,
@@ -13,8 +15,6 @@ from numpy_reference import (
     scaled_dot_scores,
     softmax_masked,
 )
-
-from keras_attn import ops
 
 rng = np.random.default_rng(0)
 Q = rng.normal(size=(2, 3, 4)).astype("float32")

@@ -5,7 +5,6 @@ import functools
 import keras
 import numpy as np
 import pytest
-from layer_checks import check_layer
 
 from keras_attn import ScaledDotAttention
 from keras_attn.positional import (
@@ -14,6 +13,7 @@ from keras_attn.positional import (
     SinusoidalPositionalEncoding,
     TokenAndPositionEmbedding,
 )
+from layer_checks import check_layer
 
 # ---------------------------------------------------------------------------
 # NumPy references, written from the formulas

@@ -1,0 +1,163 @@
+"""MultiHeadAttention: shared checks, NumPy reference, Keras equality, GQA, masks."""
+
+import functools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_attn
+from layer_checks import check_layer
+from numpy_reference import causal, softmax_masked
+
+rng = np.random.default_rng(0)
+Q = rng.normal(size=(2, 4, 12)).astype("float32")
+V = rng.normal(size=(2, 5, 10)).astype("float32")
+Q_MASK = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
+V_MASK = np.array([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], bool)
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def numpy_mha(layer, query, value, mask):
+    """Split into heads, per-head scaled dot attention, concat, output projection."""
+    wq, bq, wk, bk, wv, bv, wo, bo = (np_(w) for w in layer.get_weights())
+    q = np.einsum("btd,dhk->bhtk", query, wq) + bq[None, :, None, :]
+    k = np.einsum("btd,dhk->bhtk", value, wk) + bk[None, :, None, :]
+    v = np.einsum("btd,dhk->bhtk", value, wv) + bv[None, :, None, :]
+    groups = layer.num_heads // k.shape[1]
+    k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    weights = softmax_masked(scores, mask[:, None])
+    heads = weights @ v  # (B, h, Tq, dv)
+    out = np.einsum("bhtk,hko->bto", heads, wo) + bo
+    visible = mask.any(-1, keepdims=True)
+    return np.where(visible, out, 0.0), weights
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2, 1])
+def test_layer_checks(kv_heads, tmp_path):
+    check_layer(
+        functools.partial(
+            keras_attn.MultiHeadAttention, num_heads=4, key_dim=3, num_key_value_heads=kv_heads
+        ),
+        {"query": Q, "value": V},
+        tmp_path=tmp_path,
+        masks={"query_mask": Q_MASK, "value_mask": V_MASK},
+        mask_covers={"query_mask": ["query"], "value_mask": ["value"]},
+        call_kwargs={"return_attention_scores": True},
+    )
+
+
+def test_layer_checks_causal(tmp_path):
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    check_layer(
+        functools.partial(keras_attn.MultiHeadAttention, num_heads=2, key_dim=4, dropout=0.1),
+        {"query": x, "value": x},
+        tmp_path=tmp_path,
+        call_kwargs={"use_causal_mask": True},
+        causal=True,
+        mixed_precision=(),
+    )
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_matches_numpy_reference(kv_heads):
+    layer = keras_attn.MultiHeadAttention(
+        num_heads=4, key_dim=3, value_dim=5, num_key_value_heads=kv_heads, output_dim=7
+    )
+    layer.build(Q.shape, V.shape)
+    for w in layer.weights:  # non-zero biases, so the bias paths are checked too
+        w.assign(rng.normal(size=w.shape).astype("float32") * 0.5)
+    attn = rng.random((2, 4, 5)) > 0.3
+    out, w = layer(
+        Q,
+        V,
+        query_mask=Q_MASK,
+        value_mask=V_MASK,
+        attention_mask=attn,
+        use_causal_mask=True,
+        return_attention_scores=True,
+    )
+    mask = Q_MASK[:, :, None] & V_MASK[:, None, :] & attn & causal(4, 5)
+    ref_out, ref_w = numpy_mha(layer, Q, V, mask)
+    np.testing.assert_allclose(np_(w), ref_w, atol=1e-5)
+    np.testing.assert_allclose(np_(out), ref_out, atol=1e-5)
+
+
+def test_equals_keras_multi_head_attention_with_copied_weights():
+    theirs = keras.layers.MultiHeadAttention(num_heads=3, key_dim=4, value_dim=5, output_shape=6)
+    ours = keras_attn.MultiHeadAttention(num_heads=3, key_dim=4, value_dim=5, output_dim=6)
+    theirs(Q, V)
+    ours(Q, V)
+    assert [w.shape for w in ours.get_weights()] == [w.shape for w in theirs.get_weights()]
+    ours.set_weights(theirs.get_weights())
+    mask = np.ones((2, 4, 5), bool) & causal(4, 5)  # every row sees something
+    mask[0, :, 4] = False
+    out_t, w_t = theirs(Q, V, attention_mask=mask, return_attention_scores=True)
+    out_o, w_o = ours(Q, V, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(np_(w_o), np_(w_t), atol=1e-5)
+    np.testing.assert_allclose(np_(out_o), np_(out_t), atol=1e-5)
+
+
+def test_grouped_query_with_all_heads_equals_plain_mha():
+    plain = keras_attn.MultiHeadAttention(num_heads=4, key_dim=3)
+    grouped = keras_attn.MultiHeadAttention(num_heads=4, key_dim=3, num_key_value_heads=4)
+    plain(Q, V)
+    grouped(Q, V)
+    grouped.set_weights(plain.get_weights())
+    np.testing.assert_allclose(
+        np_(grouped(Q, V, value_mask=V_MASK)), np_(plain(Q, V, value_mask=V_MASK)), atol=1e-6
+    )
+    mqa = keras_attn.MultiHeadAttention(num_heads=4, key_dim=3, num_key_value_heads=1)
+    mqa(Q, V)
+    assert mqa.key_dense.kernel.shape == (10, 1, 3)
+
+
+def test_single_query_and_rows_with_nothing_visible():
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    out, w = layer(Q[:, 0], V, value_mask=V_MASK, return_attention_scores=True)
+    assert out.shape == (2, 12) and w.shape == (2, 2, 5)
+    none_visible = V_MASK.copy()
+    none_visible[1] = False
+    out, w = layer(Q, V, query_mask=Q_MASK, value_mask=none_visible, return_attention_scores=True)
+    out, w = np_(out), np_(w)
+    assert np.all(out[1] == 0) and np.all(w[1] == 0)  # after the output bias too
+    assert np.all(out[0, 3] == 0)  # padded query row
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_fully_masked_rows_have_finite_gradients(policy, jit):
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.2, dtype=policy)
+    none_visible = V_MASK.copy()
+    none_visible[1] = False
+    layer(Q, V)
+
+    @tf.function(jit_compile=jit)
+    def step(q, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, v])
+            out = layer(q, v, query_mask=Q_MASK, value_mask=none_visible, training=True)
+            loss = tf.reduce_sum(tf.cast(out, "float32") ** 2)
+        return out, tape.gradient(loss, [q, v] + layer.trainable_weights)
+
+    out, grads = step(tf.constant(Q), tf.constant(V))
+    assert out.dtype == layer.compute_dtype
+    assert np.all(np_(tf.cast(out, "float32"))[1] == 0)
+    for g in grads:
+        assert np.all(np.isfinite(np_(tf.cast(g, "float32"))))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"`num_key_value_heads` must divide `num_heads`.*=3"):
+        keras_attn.MultiHeadAttention(num_heads=4, key_dim=2, num_key_value_heads=3)
+    with pytest.raises(ValueError, match=r"`num_heads` must be a positive integer.*num_heads=0"):
+        keras_attn.MultiHeadAttention(num_heads=0, key_dim=2)
+    with pytest.raises(ValueError, match=r"`value` must have rank 3"):
+        keras_attn.MultiHeadAttention(num_heads=2, key_dim=2)(Q, V[0])
+    with pytest.raises(ValueError, match=r"`value_mask` and `value` must have the same length"):
+        keras_attn.MultiHeadAttention(num_heads=2, key_dim=2)(Q, V, value_mask=Q_MASK)
