@@ -42,19 +42,67 @@ def check_dim(name_a, dim_a, name_b, dim_b, what):
         )
 
 
-def expand_single_query(query, query_mask, attention_mask):
-    """A rank-2 query `(B, dq)` becomes `(B, 1, dq)`, its masks following.
+def check_input_shapes(query_shape, value_shape, key_shape=None):
+    """Checks the shapes `build` receives; returns `(query_shape, key_shape)`.
 
-    Returns `(query, query_mask, attention_mask, single_query)`.
+    A rank-2 query shape `(B, dq)` comes back as `(B, 1, dq)`, and a missing
+    key shape as the value shape.
     """
-    if len(query.shape) != 2:
-        return query, query_mask, attention_mask, False
-    if query_mask is not None:
-        query_mask = kops.reshape(query_mask, (-1, 1))
-    if attention_mask is not None:
-        check_rank("attention_mask", attention_mask.shape, (2,))
-        attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
-    return kops.expand_dims(query, 1), query_mask, attention_mask, True
+    key_shape = value_shape if key_shape is None else key_shape
+    check_rank("query", query_shape, (2, 3))
+    check_rank("value", value_shape, (3,))
+    check_rank("key", key_shape, (3,))
+    check_dim("key", key_shape[1], "value", value_shape[1], "length (axis 1)")
+    check_dim("query", query_shape[0], "value", value_shape[0], "batch size")
+    if len(query_shape) == 2:
+        query_shape = (query_shape[0], 1, query_shape[1])
+    return tuple(query_shape), tuple(key_shape)
+
+
+def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_causal_mask):
+    """The prelude every attention layer's `call` shares.
+
+    A rank-2 query `(B, dq)` becomes `(B, 1, dq)` (its masks following), the
+    explicit masks are checked, and all masks are merged into one.
+
+    Returns:
+        `(query, mask, single_query)`: the rank-3 query, the boolean mask
+        `(B or 1, Tq, Tv)` or `None`, and whether the query was rank 2.
+    """
+    single_query = len(query.shape) == 2
+    if single_query:
+        query = kops.expand_dims(query, 1)  # (B, 1, dq)
+        if query_mask is not None:
+            query_mask = kops.reshape(query_mask, (-1, 1))
+        if attention_mask is not None:
+            check_rank("attention_mask", attention_mask.shape, (2,))
+            attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
+    check_masks(query, value, query_mask, value_mask, attention_mask)
+    mask = ops.compute_attention_mask(
+        kops.shape(query)[1],
+        kops.shape(value)[1],
+        query_mask=query_mask,
+        value_mask=value_mask,
+        attention_mask=attention_mask,
+        use_causal_mask=use_causal_mask,
+    )
+    return query, mask, single_query
+
+
+def finish_outputs(output, weights, mask, single_query, return_attention_scores):
+    """The epilogue every attention layer's `call` shares.
+
+    Zeroes the output rows that see no key (after any output projection and
+    its bias), drops the query axis of a rank-2 query, and returns the output
+    or `(output, weights)`. Weights have the query axis at -2.
+    """
+    if mask is not None:
+        output = kops.where(ops.visible_rows(mask), output, kops.zeros_like(output))
+    if single_query:
+        output, weights = output[:, 0], weights[..., 0, :]
+    if return_attention_scores:
+        return output, weights
+    return output
 
 
 def check_masks(query, value, query_mask, value_mask, attention_mask):
@@ -161,17 +209,8 @@ class ScoreAttention(keras.layers.Layer):
     # -- the pipeline -------------------------------------------------------
 
     def build(self, query_shape, value_shape, key_shape=None):
-        key_shape = value_shape if key_shape is None else key_shape
-        check_rank("query", query_shape, (2, 3))
-        check_rank("value", value_shape, (3,))
-        check_rank("key", key_shape, (3,))
-        check_dim("key", key_shape[1], "value", value_shape[1], "length (axis 1)")
-        check_dim("query", query_shape[0], "value", value_shape[0], "batch size")
-        if len(query_shape) == 2:
-            query_shape = (query_shape[0], 1, query_shape[1])
-        q_shape, k_shape, _ = self.build_projections(
-            tuple(query_shape), tuple(key_shape), tuple(value_shape)
-        )
+        query_shape, key_shape = check_input_shapes(query_shape, value_shape, key_shape)
+        q_shape, k_shape, _ = self.build_projections(query_shape, key_shape, tuple(value_shape))
         if not self.score_layer.built:  # a deserialized Score arrives built
             self.score_layer.build(q_shape, k_shape)
         self.built = True
@@ -189,19 +228,9 @@ class ScoreAttention(keras.layers.Layer):
         training=None,
     ):
         key = value if key is None else key
-        query, query_mask, attention_mask, single_query = expand_single_query(
-            query, query_mask, attention_mask
+        query, mask, single_query = prepare_inputs(
+            query, value, query_mask, value_mask, attention_mask, use_causal_mask
         )
-        check_masks(query, value, query_mask, value_mask, attention_mask)
-        mask = ops.compute_attention_mask(
-            kops.shape(query)[1],
-            kops.shape(value)[1],
-            query_mask=query_mask,
-            value_mask=value_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-        )  # (B, Tq, Tv) or None
-
         query, key, value = self.project_inputs(query, key, value)
         scores = self.score_layer(query, key)  # (B, Tq, Tv)
         weights = self.normalize(scores, mask, training)
@@ -209,15 +238,7 @@ class ScoreAttention(keras.layers.Layer):
             weights, self.dropout, training=training, seed=self.seed_generator
         )
         output = self.project_output(self.combine(weights, value))
-        if mask is not None:
-            # Zero rows that see nothing, after any output bias too.
-            output = kops.where(ops.visible_rows(mask), output, kops.zeros_like(output))
-
-        if single_query:
-            output, weights = output[:, 0], weights[:, 0]
-        if return_attention_scores:
-            return output, weights
-        return output
+        return finish_outputs(output, weights, mask, single_query, return_attention_scores)
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_width(query_shape, value_shape),)

@@ -5,12 +5,11 @@ from keras import ops as kops
 
 from keras_attn import ops
 from keras_attn.base import (
-    check_dim,
-    check_masks,
+    check_input_shapes,
     check_positive_int,
-    check_rank,
     check_rate,
-    expand_single_query,
+    finish_outputs,
+    prepare_inputs,
 )
 
 
@@ -112,13 +111,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
 
     def build(self, query_shape, value_shape, key_shape=None):
-        key_shape = value_shape if key_shape is None else key_shape
-        check_rank("query", query_shape, (2, 3))
-        check_rank("value", value_shape, (3,))
-        check_rank("key", key_shape, (3,))
-        check_dim("key", key_shape[1], "value", value_shape[1], "length (axis 1)")
-        if len(query_shape) == 2:
-            query_shape = (query_shape[0], 1, query_shape[1])
+        query_shape, key_shape = check_input_shapes(query_shape, value_shape, key_shape)
         kv_heads = self.num_key_value_heads or self.num_heads
         value_dim = self.value_dim or self.key_dim
         self.query_dense = self._einsum_dense(
@@ -158,19 +151,9 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
     ):
         key = value if key is None else key
-        query, query_mask, attention_mask, single_query = expand_single_query(
-            query, query_mask, attention_mask
-        )
-        check_masks(query, value, query_mask, value_mask, attention_mask)
-        mask = ops.compute_attention_mask(
-            kops.shape(query)[1],
-            kops.shape(value)[1],
-            query_mask=query_mask,
-            value_mask=value_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-        )  # (B, Tq, Tv) or None
-
+        query, mask, single_query = prepare_inputs(
+            query, value, query_mask, value_mask, attention_mask, use_causal_mask
+        )  # mask: (B, Tq, Tv) or None
         q = self._heads(self.query_dense(query))  # (B, h, Tq, dk)
         k = self._heads(self.key_dense(key))  # (B, h, Tv, dk)
         v = self._heads(self.value_dense(value))  # (B, h, Tv, dv)
@@ -184,14 +167,7 @@ class MultiHeadAttention(keras.layers.Layer):
             seed=self.seed_generator,
         )
         output = self.output_dense(kops.transpose(heads, (0, 2, 1, 3)))  # (B, Tq, out)
-        if mask is not None:
-            output = kops.where(ops.visible_rows(mask), output, kops.zeros_like(output))
-
-        if single_query:
-            output, weights = output[:, 0], weights[:, :, 0]
-        if return_attention_scores:
-            return output, weights
-        return output
+        return finish_outputs(output, weights, mask, single_query, return_attention_scores)
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
