@@ -174,3 +174,32 @@ def check_layer(
                 a, keras.ops.convert_to_numpy(b), atol=0.05 * scale, err_msg=policy
             )
     return layer
+
+
+def check_fully_masked_rows(layer, inputs, empty_example, *, jit=False, **call_kwargs):
+    """A row with no visible key outputs zeros, and every gradient stays finite.
+
+    Args:
+        layer: the layer, built or not, in any dtype policy.
+        inputs: ordered dict `call argument name -> float np.ndarray`; the
+            gradient is taken with respect to each of them and to the weights.
+        empty_example: index of the example whose masks leave nothing visible
+            (its output must be exactly zero).
+        jit: run the step under `tf.function(jit_compile=True)`.
+        **call_kwargs: masks and other call arguments.
+    """
+    layer(**inputs, **call_kwargs)  # build, so the weights exist before tracing
+
+    @tf.function(jit_compile=jit)
+    def step(tensors):
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            out = layer(**tensors, **call_kwargs)
+            loss = tf.reduce_sum(tf.cast(out, "float32") ** 2)
+        return out, tape.gradient(loss, [tensors, layer.trainable_weights])
+
+    out, grads = step({name: tf.constant(value) for name, value in inputs.items()})
+    assert out.dtype == layer.compute_dtype
+    assert np.all(keras.ops.convert_to_numpy(tf.cast(out, "float32"))[empty_example] == 0)
+    for grad in tf.nest.flatten(grads):
+        assert np.all(np.isfinite(keras.ops.convert_to_numpy(tf.cast(grad, "float32"))))
