@@ -18,12 +18,15 @@ from keras_attn.positional import (
     SinusoidalPositionalEncoding,
     TokenAndPositionEmbedding,
 )
+from keras_attn.transformer import FeedForward, TransformerEncoderBlock
+from keras_attn.transformer_decoder import TransformerDecoderBlock
 
 __all__ = [
     "AdditiveAttention",
     "AttentionPooling",
     "BilinearAttention",
     "DotAttention",
+    "FeedForward",
     "HardAttention",
     "KeyValueAttention",
     "LearnedPositionalEmbedding",
@@ -34,6 +37,8 @@ __all__ = [
     "ScoreAttention",
     "SinusoidalPositionalEncoding",
     "TokenAndPositionEmbedding",
+    "TransformerDecoderBlock",
+    "TransformerEncoderBlock",
     "ops",
     "scores",
 ]

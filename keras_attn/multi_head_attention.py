@@ -5,8 +5,10 @@ from keras import ops as kops
 
 from keras_attn import ops
 from keras_attn.base import (
+    check_dim,
     check_input_shapes,
     check_positive_int,
+    check_rank,
     check_rate,
     finish_outputs,
     prepare_inputs,
@@ -27,6 +29,21 @@ class MultiHeadAttention(keras.layers.Layer):
     multi-query attention). The heads run on `keras_attn.ops.attention`, the
     same masked-softmax path as every other layer.
 
+    **Cached decoding.** Pass `cache=(key_cache, value_cache)` (each
+    `(B, g, S, d)`, from `empty_cache` or `compute_cache`):
+
+    - with `cache_update_index=i` (self-attention), the keys and values of
+      the new tokens are written at positions `i, i + 1, ...` of the cache
+      and the queries attend over the whole cache (positions not yet written
+      are masked; with `use_causal_mask=True` token `i + t` sees positions
+      `<= i + t`). Decoding one token at a time gives the outputs of one full
+      causal pass.
+    - with `cache_update_index=None` (cross-attention), the cache holds the
+      keys and values of the source, computed once by `compute_cache`; pass
+      no `value` then.
+
+    The call then returns the updated cache as its last output.
+
     Args:
         num_heads: number of query heads `h`.
         key_dim: width `d_k` of each query/key head.
@@ -37,6 +54,9 @@ class MultiHeadAttention(keras.layers.Layer):
         use_bias: whether the projections have biases.
         output_dim: width of the output; defaults to the query width.
         kernel_initializer, bias_initializer: of the projections.
+        rotary_embedding: `None`, or a `keras_attn.RotaryEmbedding` applied to
+            each query and key head before the scores (positions from 0, or
+            from `cache_update_index` for the new tokens of a cached call).
         seed: dropout seed.
 
     Call arguments:
@@ -44,11 +64,16 @@ class MultiHeadAttention(keras.layers.Layer):
         `(B, dq)`), `value (B, Tv, dv)`, `key` (defaults to `value`),
         `query_mask`, `value_mask`, `attention_mask (B, Tq, Tv)`,
         `use_causal_mask`, `return_attention_scores`, `training`.
+        cache: `(key_cache, value_cache)`, see above; `value_mask` then
+            covers the new tokens (self-attention) or the source (cross).
+        cache_update_index: int or scalar tensor, see above.
 
     Returns:
         `(B, Tq, output_dim or dq)`, and with `return_attention_scores=True`
-        the weights `(B, h, Tq, Tv)`. A query row with no visible key returns
-        zeros (after the output projection and its bias) and zero weights.
+        the weights `(B, h, Tq, Tv)` (`Tv = S` with a cache); with a cache
+        the updated cache comes last: `(output, [weights,] cache)`. A query
+        row with no visible key returns zeros (after the output projection
+        and its bias) and zero weights.
 
     Example:
 
@@ -57,6 +82,18 @@ class MultiHeadAttention(keras.layers.Layer):
     >>> out, w = mha(x, x, use_causal_mask=True, return_attention_scores=True)
     >>> print(out.shape, w.shape)
     (2, 10, 32) (2, 4, 10, 10)
+
+    Decoding step by step with a cache gives the full causal pass:
+
+    >>> cache = mha.empty_cache(batch_size=2, length=10)
+    >>> steps = []
+    >>> for i in range(10):
+    ...     y, cache = mha(x[:, i : i + 1], x[:, i : i + 1], use_causal_mask=True,
+    ...                    cache=cache, cache_update_index=i)
+    ...     steps.append(y)
+    >>> full = mha(x, x, use_causal_mask=True)
+    >>> print(bool(keras.ops.all(keras.ops.abs(keras.ops.concatenate(steps, 1) - full) < 1e-5)))
+    True
 
     Reference:
         Vaswani et al., 2017, "Attention Is All You Need",
@@ -75,6 +112,7 @@ class MultiHeadAttention(keras.layers.Layer):
         output_dim=None,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        rotary_embedding=None,
         seed=None,
         **kwargs,
     ):
@@ -95,12 +133,23 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dim = check_positive_int("output_dim", output_dim, allow_none=True)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        if rotary_embedding is not None and not isinstance(rotary_embedding, keras.layers.Layer):
+            raise TypeError(
+                "`rotary_embedding` must be None or a layer such as "
+                f"keras_attn.RotaryEmbedding(). Received: rotary_embedding={rotary_embedding!r}"
+            )
+        if rotary_embedding is not None and key_dim % 2:
+            raise ValueError(
+                "`key_dim` must be even to rotate pairs of features with "
+                f"`rotary_embedding`. Received: key_dim={key_dim}"
+            )
+        self.rotary_embedding = rotary_embedding
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.supports_masking = True
 
     def _einsum_dense(self, equation, output_shape, bias_axes, name):
-        return keras.layers.EinsumDense(
+        layer = keras.layers.EinsumDense(
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
@@ -109,6 +158,10 @@ class MultiHeadAttention(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
+        # Inputs may carry an implicit mask (applied by this layer, not by the
+        # projections): let it pass instead of warning that it is destroyed.
+        layer.supports_masking = True
+        return layer
 
     def build(self, query_shape, value_shape, key_shape=None):
         query_shape, key_shape = check_input_shapes(query_shape, value_shape, key_shape)
@@ -133,15 +186,59 @@ class MultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     def _heads(self, x):
-        """`(B, T, g, d) -> (B, h, T, d)`, repeating each of the g heads h/g times."""
-        x = kops.transpose(x, (0, 2, 1, 3))
+        """`(B, T, n, d) -> (B, n, T, d)`."""
+        return kops.transpose(x, (0, 2, 1, 3))
+
+    def _repeat_kv(self, x):
+        """`(B, g, T, d) -> (B, h, T, d)`, repeating each of the g heads h/g times."""
         groups = self.num_heads // x.shape[1]
         return x if groups == 1 else kops.repeat(x, groups, axis=1)
+
+    def _rotate(self, x, start_index=0):
+        if self.rotary_embedding is None:
+            return x
+        return self.rotary_embedding(x, start_index=start_index)
+
+    def compute_cache(self, value, key=None):
+        """Keys and values of a source, for cross-attention with a cache.
+
+        Args:
+            value: `(B, Tv, dv)`.
+            key: `(B, Tv, dk)`; defaults to `value`.
+
+        Returns:
+            `(key_cache, value_cache)`: `(B, g, Tv, key_dim)` and
+            `(B, g, Tv, value_dim)`, to pass as `cache=` with
+            `cache_update_index=None`.
+        """
+        if not self.built:
+            raise ValueError(
+                "Call the layer once (or `build` it) before `compute_cache`, so "
+                "its projections exist."
+            )
+        key = value if key is None else key
+        k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
+        v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
+        return k, v
+
+    def empty_cache(self, batch_size, length, dtype=None):
+        """A zero self-attention cache for `length` positions.
+
+        Returns:
+            `(key_cache, value_cache)` of zeros, `(B, g, length, key_dim)` and
+            `(B, g, length, value_dim)`, in the compute dtype.
+        """
+        kv_heads = self.num_key_value_heads or self.num_heads
+        dtype = dtype or self.compute_dtype
+        return (
+            kops.zeros((batch_size, kv_heads, length, self.key_dim), dtype),
+            kops.zeros((batch_size, kv_heads, length, self.value_dim or self.key_dim), dtype),
+        )
 
     def call(
         self,
         query,
-        value,
+        value=None,
         key=None,
         query_mask=None,
         value_mask=None,
@@ -149,38 +246,118 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask=False,
         return_attention_scores=False,
         training=None,
+        cache=None,
+        cache_update_index=None,
     ):
+        if cache is not None:
+            return self._call_cached(
+                query, value, key, query_mask, value_mask, attention_mask, use_causal_mask,
+                return_attention_scores, training, cache, cache_update_index,
+            )  # fmt: skip
+        if value is None:
+            raise ValueError("`value` is required unless a precomputed `cache` is passed.")
         key = value if key is None else key
         query, mask, single_query = prepare_inputs(
             query, value, query_mask, value_mask, attention_mask, use_causal_mask
         )  # mask: (B, Tq, Tv) or None
-        q = self._heads(self.query_dense(query))  # (B, h, Tq, dk)
-        k = self._heads(self.key_dense(key))  # (B, h, Tv, dk)
-        v = self._heads(self.value_dense(value))  # (B, h, Tv, dv)
+        q = self._heads(self._rotate(self.query_dense(query)))  # (B, h, Tq, dk)
+        k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
+        v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
+        output, weights = self._attend(q, k, v, mask, training)
+        return finish_outputs(output, weights, mask, single_query, return_attention_scores)
+
+    def _attend(self, q, k, v, mask, training):
+        """Per-head attention and output projection: `(B, Tq, out)`, weights `(B, h, Tq, Tv)`."""
         heads, weights = ops.attention(
             q,
-            k,
-            v,
+            self._repeat_kv(k),
+            self._repeat_kv(v),
             mask=None if mask is None else kops.expand_dims(mask, 1),  # (B, 1, Tq, Tv)
             dropout_rate=self.dropout,
             training=training,
             seed=self.seed_generator,
         )
-        output = self.output_dense(kops.transpose(heads, (0, 2, 1, 3)))  # (B, Tq, out)
-        return finish_outputs(output, weights, mask, single_query, return_attention_scores)
+        return self.output_dense(kops.transpose(heads, (0, 2, 1, 3))), weights
+
+    def _call_cached(
+        self,
+        query,
+        value,
+        key,
+        query_mask,
+        value_mask,
+        attention_mask,
+        use_causal_mask,
+        return_attention_scores,
+        training,
+        cache,
+        cache_update_index,
+    ):
+        check_rank("query", query.shape, (3,))
+        if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+            raise TypeError(
+                "`cache` must be a pair `(key_cache, value_cache)`. "
+                f"Received: cache={type(cache).__name__}"
+            )
+        key_cache, value_cache = cache  # (B, g, S, dk), (B, g, S, dv)
+        check_rank("cache", key_cache.shape, (4,))
+        query_length, cache_length = kops.shape(query)[1], kops.shape(key_cache)[2]
+        index = cache_update_index
+        if index is None:  # cross-attention over precomputed keys and values
+            if value is not None or key is not None:
+                raise ValueError(
+                    "With `cache_update_index=None` the cache holds the keys and values: "
+                    "pass no `value` or `key`."
+                )
+            mask = ops.compute_attention_mask(
+                query_length, cache_length, query_mask, value_mask, None, use_causal_mask
+            )
+            start = 0
+        else:
+            if value is None:
+                raise ValueError("`value` (the new tokens) is required with `cache_update_index`.")
+            key = value if key is None else key
+            check_dim("query", query.shape[1], "value", value.shape[1], "length (new tokens)")
+            k_new = self._heads(self._rotate(self.key_dense(key), index))  # (B, g, Tq, dk)
+            v_new = self._heads(self.value_dense(value))  # (B, g, Tq, dv)
+            zero = kops.zeros((), "int32")
+            start_indices = (zero, zero, kops.cast(index, "int32"), zero)
+            key_cache = kops.slice_update(key_cache, start_indices, k_new)
+            value_cache = kops.slice_update(value_cache, start_indices, v_new)
+            mask = ops.cache_mask(
+                query_length, cache_length, index, value_mask, use_causal_mask
+            )  # (B or 1, Tq, S)
+            mask = ops.merge_masks(
+                mask, None if query_mask is None else kops.expand_dims(query_mask, -1)
+            )
+            start = index
+        if attention_mask is not None:
+            check_rank("attention_mask", attention_mask.shape, (3,))
+            check_dim("attention_mask", attention_mask.shape[2], "cache", key_cache.shape[2],
+                      "length (axis 2 of the mask, axis 2 of the cache)")  # fmt: skip
+            mask = ops.merge_masks(mask, attention_mask)
+        q = self._heads(self._rotate(self.query_dense(query), start))  # (B, h, Tq, dk)
+        output, weights = self._attend(q, key_cache, value_cache, mask, training)
+        outputs = finish_outputs(output, weights, mask, False, return_attention_scores)
+        outputs = outputs if return_attention_scores else (outputs,)
+        return (*outputs, (key_cache, value_cache))
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
 
-    def compute_output_spec(self, query, value, key=None, return_attention_scores=False, **kwargs):
-        output = keras.KerasTensor(
-            self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
-        )
-        if not return_attention_scores:
-            return output
-        batch, query_length = query.shape[0], tuple(query.shape[1:-1])
-        weights_shape = (batch, self.num_heads) + query_length + (value.shape[1],)
-        return output, keras.KerasTensor(weights_shape, dtype=self.compute_dtype)
+    def compute_output_spec(
+        self, query, value=None, key=None, return_attention_scores=False, cache=None, **kwargs
+    ):
+        value_length = value.shape[1] if cache is None else cache[0].shape[2]
+        output_shape = tuple(query.shape[:-1]) + (self.output_dim or query.shape[-1],)
+        outputs = [keras.KerasTensor(output_shape, dtype=self.compute_dtype)]
+        if return_attention_scores:
+            batch, query_length = query.shape[0], tuple(query.shape[1:-1])
+            weights_shape = (batch, self.num_heads) + query_length + (value_length,)
+            outputs.append(keras.KerasTensor(weights_shape, dtype=self.compute_dtype))
+        if cache is not None:
+            outputs.append(tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def get_config(self):
         config = super().get_config()
@@ -195,7 +372,19 @@ class MultiHeadAttention(keras.layers.Layer):
                 "output_dim": self.output_dim,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "rotary_embedding": None
+                if self.rotary_embedding is None
+                else keras.saving.serialize_keras_object(self.rotary_embedding),
                 "seed": self.seed,
             }
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config.get("rotary_embedding"), dict):
+            config["rotary_embedding"] = keras.saving.deserialize_keras_object(
+                config["rotary_embedding"]
+            )
+        return cls(**config)

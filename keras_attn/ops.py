@@ -136,18 +136,47 @@ def _static_width(name, x):
 # ---------------------------------------------------------------------------
 
 
-def causal_mask(query_length, value_length=None):
-    """Boolean `(Tq, Tv)` mask where query `i` sees keys `j <= i + Tv - Tq`.
+def causal_mask(query_length, value_length=None, query_start=None):
+    """Boolean `(Tq, Tv)` mask where query `i` sees keys `j <= query_start + i`.
 
-    With `Tq == Tv` this is the lower triangle. With `Tq < Tv` the mask is
-    aligned to the end, so the last `Tq` positions of a sequence of length `Tv`
-    (cached decoding) see exactly what they would see in a full pass.
+    `query_start` defaults to `Tv - Tq`: with `Tq == Tv` this is the lower
+    triangle, and with `Tq < Tv` the mask is aligned to the end, so the last
+    `Tq` positions of a sequence of length `Tv` see exactly what they would
+    see in a full pass. Cached decoding passes the cache index instead.
     """
     if value_length is None:
         value_length = query_length
-    rows = ops.expand_dims(ops.arange(query_length), 1)
+    if query_start is None:
+        query_start = value_length - query_length
+    rows = ops.expand_dims(ops.arange(query_length), 1) + ops.cast(query_start, "int32")
     cols = ops.expand_dims(ops.arange(value_length), 0)
-    return rows + (value_length - query_length) >= cols
+    return rows >= cols
+
+
+def cache_mask(query_length, cache_length, cache_index, value_mask=None, use_causal_mask=True):
+    """The keys a cached decoding step may see: `(1 or B, Tq, S)` bool.
+
+    The `Tq` new tokens sit at positions `cache_index .. cache_index + Tq - 1`
+    of a cache of length `S`. Positions not written yet are never visible;
+    with `use_causal_mask` token `i` also sees only positions
+    `<= cache_index + i`. `value_mask (B, Tq)` marks padding among the new
+    tokens; earlier cache positions count as visible (right padding, the
+    usual case, then gives exactly the full pass; for padding before the end
+    pass an `attention_mask` over the whole cache instead).
+    """
+    if use_causal_mask:
+        visible = causal_mask(query_length, cache_length, query_start=cache_index)
+    else:
+        written = ops.arange(cache_length) < ops.cast(cache_index, "int32") + query_length
+        visible = ops.expand_dims(written, 0)  # (1, S)
+    visible = ops.expand_dims(visible, 0)  # (1, Tq or 1, S)
+    if value_mask is None:
+        return visible
+    value_mask = ops.cast(as_bool_mask(value_mask), "int32")  # (B, Tq)
+    batch_ones = ops.ones((ops.shape(value_mask)[0], cache_length), "int32")
+    index = ops.cast(cache_index, "int32")
+    full = ops.slice_update(batch_ones, (ops.zeros((), "int32"), index), value_mask)  # (B, S)
+    return ops.logical_and(visible, ops.expand_dims(ops.cast(full, "bool"), 1))
 
 
 def merge_masks(*masks):

@@ -5,6 +5,7 @@ import functools
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_attn
 from layer_checks import check_fully_masked_rows, check_layer
@@ -153,3 +154,119 @@ def test_bad_arguments():
         keras_attn.MultiHeadAttention(num_heads=2, key_dim=2)(Q, V[0])
     with pytest.raises(ValueError, match=r"`value_mask` and `value` must have the same length"):
         keras_attn.MultiHeadAttention(num_heads=2, key_dim=2)(Q, V, value_mask=Q_MASK)
+
+
+# -- Cached decoding ----------------------------------------------------------
+
+X = rng.normal(size=(2, 7, 12)).astype("float32")
+X_MASK = np.array([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0]], bool)  # right padding
+
+
+def decode_with_cache(layer, x, mask, chunks):
+    """Feeds `x` through the cache in chunks of the given lengths; concatenates outputs."""
+    cache, outputs, start = layer.empty_cache(x.shape[0], x.shape[1]), [], 0
+    for length in chunks:
+        part, part_mask = x[:, start : start + length], mask[:, start : start + length]
+        out, cache = layer(
+            part,
+            part,
+            query_mask=part_mask,
+            value_mask=part_mask,
+            use_causal_mask=True,
+            cache=cache,
+            cache_update_index=start,
+        )
+        outputs.append(np_(out))
+        start += length
+    return np.concatenate(outputs, axis=1), cache
+
+
+@pytest.mark.parametrize(
+    "kv_heads,rotary,chunks",
+    [(None, False, [1] * 7), (2, True, [3, 1, 1, 2]), (1, True, [7])],
+)
+def test_cached_decoding_equals_full_causal_pass(kv_heads, rotary, chunks):
+    layer = keras_attn.MultiHeadAttention(
+        num_heads=4,
+        key_dim=4,
+        num_key_value_heads=kv_heads,
+        rotary_embedding=keras_attn.RotaryEmbedding() if rotary else None,
+    )
+    full = np_(layer(X, X, query_mask=X_MASK, value_mask=X_MASK, use_causal_mask=True))
+    stepped, (key_cache, value_cache) = decode_with_cache(layer, X, X_MASK, chunks)
+    np.testing.assert_allclose(stepped, full, atol=1e-5)
+    # The cache holds the g key/value heads, not h copies.
+    assert key_cache.shape == (2, kv_heads or 4, 7, 4) and value_cache.shape == key_cache.shape
+
+
+def test_cache_masks_unwritten_positions_and_merges_attention_mask():
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    layer(X, X)
+    cache = layer.empty_cache(2, 7)
+    _, w, cache = layer(
+        X[:, :3], X[:, :3], cache=cache, cache_update_index=0, return_attention_scores=True
+    )
+    w = np_(w)  # (B, h, 3, 7): not causal, but positions 3.. are not written yet
+    assert np.all(w[..., 3:] == 0) and np.allclose(w.sum(-1), 1, atol=1e-6)
+    attention_mask = np.ones((2, 1, 7), bool)
+    attention_mask[:, :, 1] = False
+    _, w, _ = layer(
+        X[:, 3:4],
+        X[:, 3:4],
+        cache=cache,
+        cache_update_index=3,
+        attention_mask=attention_mask,
+        use_causal_mask=True,
+        return_attention_scores=True,
+    )
+    w = np_(w)
+    assert np.all(w[..., 1] == 0) and np.all(w[..., 4:] == 0)
+    np.testing.assert_allclose(w.sum(-1), 1, atol=1e-6)
+
+
+def test_cross_attention_cache_equals_uncached():
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, num_key_value_heads=1)
+    full = layer(Q, V, query_mask=Q_MASK, value_mask=V_MASK)
+    out, cache = layer(Q, cache=layer.compute_cache(V), query_mask=Q_MASK, value_mask=V_MASK)
+    np.testing.assert_allclose(np_(out), np_(full), atol=1e-6)
+    assert cache[0].shape == (2, 1, 5, 4)
+
+
+def test_cached_call_under_jit_and_in_a_functional_model():
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    full = np_(layer(X, X, use_causal_mask=True))
+
+    @tf.function(jit_compile=True)
+    def step(token, cache, index):
+        return layer(token, token, use_causal_mask=True, cache=cache, cache_update_index=index)
+
+    cache, outputs = layer.empty_cache(2, 7), []
+    for t in range(7):
+        out, cache = step(X[:, t : t + 1], cache, tf.constant(t))
+        outputs.append(np_(out))
+    np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
+
+    token = keras.Input((1, 12))
+    caches = (keras.Input((2, 7, 4)), keras.Input((2, 7, 4)))
+    out, new_cache = layer(token, token, use_causal_mask=True, cache=caches, cache_update_index=2)
+    assert tuple(out.shape) == (None, 1, 12) and tuple(new_cache[0].shape) == (None, 2, 7, 4)
+
+
+def test_cache_errors():
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    with pytest.raises(ValueError, match="Call the layer once"):
+        layer.compute_cache(V)
+    layer(X, X)
+    cache = layer.empty_cache(2, 7)
+    with pytest.raises(TypeError, match="`cache` must be a pair"):
+        layer(X, X, cache=cache[0], cache_update_index=0)
+    with pytest.raises(ValueError, match="pass no `value`"):
+        layer(X, X, cache=cache)
+    with pytest.raises(ValueError, match="`value` is required"):
+        layer(X)
+    with pytest.raises(TypeError, match="rotary_embedding"):
+        keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, rotary_embedding=True)
+    with pytest.raises(ValueError, match="`key_dim` must be even"):
+        keras_attn.MultiHeadAttention(
+            num_heads=2, key_dim=3, rotary_embedding=keras_attn.RotaryEmbedding()
+        )

@@ -1,0 +1,296 @@
+"""FeedForward and the Transformer blocks: shared checks, formulas, cached decoding."""
+
+import functools
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_attn
+from layer_checks import check_layer
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(2, 6, 8)).astype("float32")
+X_MASK = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]], bool)
+ENC = rng.normal(size=(2, 5, 12)).astype("float32")
+ENC_MASK = np.array([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], bool)
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def layer_norm(x, gamma, beta, eps=1e-5):
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+# -- FeedForward ------------------------------------------------------------
+
+
+def test_feed_forward_layer_checks(tmp_path):
+    check_layer(
+        functools.partial(keras_attn.FeedForward, intermediate_dim=16, dropout=0.1),
+        {"inputs": X},
+        tmp_path=tmp_path,
+    )
+
+
+def test_feed_forward_formula():
+    ffn = keras_attn.FeedForward(intermediate_dim=16, output_dim=5, activation="gelu")
+    out = np_(ffn(X))
+    w1, b1, w2, b2 = ffn.get_weights()
+    hidden = X @ w1 + b1
+    gelu = 0.5 * hidden * (1 + np.vectorize(math.erf)(hidden / np.sqrt(2)))
+    np.testing.assert_allclose(out, gelu @ w2 + b2, atol=1e-5)
+
+
+# -- Encoder block ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_checks(norm_first, tmp_path):
+    check_layer(
+        functools.partial(
+            keras_attn.TransformerEncoderBlock,
+            num_heads=2,
+            intermediate_dim=16,
+            dropout=0.1,
+            attention_dropout=0.1,
+            norm_first=norm_first,
+        ),
+        {"inputs": X},
+        tmp_path=tmp_path,
+        masks={"padding_mask": X_MASK},
+        mask_covers={"padding_mask": ["inputs"]},
+        output_mask="padding_mask",
+        call_kwargs={"return_attention_scores": True},
+    )
+
+
+def test_encoder_layer_checks_causal_rotary_gqa(tmp_path):
+    check_layer(
+        functools.partial(
+            keras_attn.TransformerEncoderBlock,
+            num_heads=4,
+            intermediate_dim=16,
+            num_key_value_heads=2,
+            rotary_embedding=keras_attn.RotaryEmbedding(),
+        ),
+        {"inputs": X},
+        tmp_path=tmp_path,
+        call_kwargs={"use_causal_mask": True},
+        causal=True,
+    )
+
+
+def numpy_encoder(block, x, mask, norm_first):
+    """The paper's formulas with the block's own weights (MHA via the layer's weights)."""
+    mha, ffn = block.self_attention, block.feed_forward
+    wq, bq, wk, bk, wv, bv, wo, bo = (np_(w) for w in mha.get_weights())
+    g1, be1 = (np_(w) for w in block.self_attention_norm.get_weights())
+    w1, b1, w2, b2 = (np_(w) for w in ffn.get_weights())
+    g2, be2 = (np_(w) for w in block.feed_forward_norm.get_weights())
+
+    def attention(h):
+        q = np.einsum("btd,dhk->bhtk", h, wq) + bq[None, :, None]
+        k = np.einsum("btd,dhk->bhtk", h, wk) + bk[None, :, None]
+        v = np.einsum("btd,dhk->bhtk", h, wv) + bv[None, :, None]
+        s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+        s = np.where(mask[:, None, None, :], s, -np.inf)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        w = w / w.sum(-1, keepdims=True)
+        out = np.einsum("bhtk,hko->bto", w @ v, wo) + bo
+        return np.where(mask[..., None], out, 0.0)  # padded query rows give zeros
+
+    def ffn_np(h):
+        return np.maximum(h @ w1 + b1, 0) @ w2 + b2
+
+    if norm_first:
+        x = x + attention(layer_norm(x, g1, be1))
+        return x + ffn_np(layer_norm(x, g2, be2))
+    x = layer_norm(x + attention(x), g1, be1)
+    return layer_norm(x + ffn_np(x), g2, be2)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_matches_numpy_reference(norm_first):
+    block = keras_attn.TransformerEncoderBlock(
+        num_heads=2, intermediate_dim=16, norm_first=norm_first
+    )
+    block.build(X.shape)
+    for w in block.weights:
+        w.assign(rng.normal(size=w.shape).astype("float32") * 0.4 + (w.name == "gamma"))
+    out = np_(block(X, padding_mask=X_MASK))
+    np.testing.assert_allclose(out, numpy_encoder(block, X, X_MASK, norm_first), atol=1e-5)
+
+
+def test_encoder_implicit_mask_equals_explicit_padding_mask():
+    tokens = np.array([[3, 4, 5, 0, 0], [6, 7, 0, 0, 0]])
+    embed = keras_attn.TokenAndPositionEmbedding(10, 5, 8, mask_zero=True)
+    block = keras_attn.TransformerEncoderBlock(num_heads=2, intermediate_dim=16)
+    x = embed(tokens)
+    implicit = block(x)
+    explicit = block(x, padding_mask=tokens != 0)
+    np.testing.assert_allclose(np_(implicit), np_(explicit), atol=1e-6)
+    unmasked = block(np_(x))  # a NumPy copy carries no mask: padding is attended
+    assert not np.allclose(np_(unmasked)[tokens != 0], np_(explicit)[tokens != 0], atol=1e-3)
+
+
+def test_block_argument_errors():
+    with pytest.raises(ValueError, match="num_heads"):
+        keras_attn.TransformerEncoderBlock(num_heads=0, intermediate_dim=4)
+    with pytest.raises(ValueError, match="dropout"):
+        keras_attn.TransformerEncoderBlock(num_heads=2, intermediate_dim=4, dropout=1.5)
+    with pytest.raises(TypeError, match="norm_first"):
+        keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=4, norm_first="yes")
+    with pytest.raises(ValueError, match="divisible by `num_heads`"):
+        keras_attn.TransformerEncoderBlock(num_heads=3, intermediate_dim=4)(X)
+    with pytest.raises(ValueError, match="intermediate_dim"):
+        keras_attn.FeedForward(intermediate_dim=-1)
+
+
+# -- Decoder block ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_checks(norm_first, tmp_path):
+    check_layer(
+        functools.partial(
+            keras_attn.TransformerDecoderBlock,
+            num_heads=2,
+            intermediate_dim=16,
+            dropout=0.1,
+            norm_first=norm_first,
+        ),
+        {"decoder_sequence": X, "encoder_sequence": ENC},
+        tmp_path=tmp_path,
+        masks={"decoder_padding_mask": X_MASK, "encoder_padding_mask": ENC_MASK},
+        mask_covers={
+            "decoder_padding_mask": ["decoder_sequence"],
+            "encoder_padding_mask": ["encoder_sequence"],
+        },
+        output_mask="decoder_padding_mask",
+        call_kwargs={"return_attention_scores": True},
+        causal=False,  # the encoder sequence is not causal; see the decoder-only check
+    )
+
+
+def test_decoder_only_layer_checks_causal(tmp_path):
+    check_layer(
+        functools.partial(
+            keras_attn.TransformerDecoderBlock,
+            num_heads=2,
+            intermediate_dim=16,
+            rotary_embedding=keras_attn.RotaryEmbedding(),
+        ),
+        {"decoder_sequence": X},
+        tmp_path=tmp_path,
+        causal=True,
+    )
+
+
+def test_decoder_is_causal_by_default_and_sees_the_whole_source():
+    block = keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=16)
+    out = np_(block(X, ENC))
+    changed = X.copy()
+    changed[:, 4:] += 1.0
+    out_changed = np_(block(changed, ENC))
+    np.testing.assert_allclose(out_changed[:, :4], out[:, :4], atol=1e-6)
+    enc_changed = ENC.copy()
+    enc_changed[:, -1] += 1.0  # every decoder position attends to the last source token
+    assert not np.allclose(np_(block(X, enc_changed))[:, 0], out[:, 0], atol=1e-4)
+
+
+def decode_step_by_step(blocks, dec, enc, enc_mask, first_chunk, jit=False):
+    """Runs a stack of decoder blocks over `dec` with caches: a prefill, then one token a step."""
+    length = dec.shape[1]
+    caches = [b.self_attention.empty_cache(dec.shape[0], length) for b in blocks]
+    cross = [None] * len(blocks)
+
+    def run(x, index, caches, cross):
+        new_caches, new_cross = [], []
+        for block, cache, cross_cache in zip(blocks, caches, cross, strict=True):
+            x, cache, cross_cache = block(
+                x,
+                enc if cross_cache is None else None,
+                # The mask is given with the source only: the cross cache keeps it.
+                encoder_padding_mask=enc_mask if cross_cache is None else None,
+                self_attention_cache=cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross_cache,
+            )
+            new_caches.append(cache)
+            new_cross.append(cross_cache)
+        return x, new_caches, new_cross
+
+    x, caches, cross = run(dec[:, :first_chunk], 0, caches, cross)  # computes the cross caches
+    step = tf.function(run, jit_compile=True) if jit else run
+    outputs = [x]
+    for t in range(first_chunk, length):
+        x, caches, cross = step(dec[:, t : t + 1], tf.constant(t), caches, cross)
+        outputs.append(x)
+    return np.concatenate([np_(o) for o in outputs], axis=1)
+
+
+@pytest.mark.parametrize(
+    "kv_heads,rotary,norm_first,first_chunk,jit",
+    [
+        (None, False, False, 1, False),
+        (2, True, False, 3, False),
+        (1, True, True, 2, True),
+    ],
+)
+def test_cached_decoding_equals_full_pass(kv_heads, rotary, norm_first, first_chunk, jit):
+    dec = rng.normal(size=(2, 7, 16)).astype("float32")
+    blocks = [
+        keras_attn.TransformerDecoderBlock(
+            num_heads=4,
+            intermediate_dim=32,
+            num_key_value_heads=kv_heads,
+            norm_first=norm_first,
+            rotary_embedding=keras_attn.RotaryEmbedding() if rotary else None,
+        )
+        for _ in range(2)
+    ]
+    full = dec
+    for block in blocks:
+        full = block(full, ENC, encoder_padding_mask=ENC_MASK)
+    stepped = decode_step_by_step(blocks, dec, ENC, ENC_MASK, first_chunk, jit=jit)
+    np.testing.assert_allclose(stepped, np_(full), atol=1e-5)
+
+
+def test_cached_decoding_projects_the_source_once():
+    block = keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=8)
+    dec = rng.normal(size=(2, 3, 12)).astype("float32")
+    block(dec, ENC)
+    calls = []
+    original = block.cross_attention.key_dense.call
+    block.cross_attention.key_dense.call = lambda *a, **k: calls.append(1) or original(*a, **k)
+    cache, cross = block.self_attention.empty_cache(2, 3), None
+    for t in range(3):
+        _, cache, cross = block(
+            dec[:, t : t + 1],
+            ENC if cross is None else None,
+            self_attention_cache=cache,
+            self_attention_cache_update_index=t,
+            cross_attention_cache=cross,
+        )
+    assert len(calls) == 1
+
+
+def test_decoder_errors():
+    block = keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=8)
+    block(X, ENC)
+    with pytest.raises(ValueError, match="has cross-attention"):
+        block(X)
+    with pytest.raises(ValueError, match="cache_update_index"):
+        block(X, ENC, self_attention_cache=block.self_attention.empty_cache(2, 6))
+    with pytest.raises(ValueError, match="needs a `self_attention_cache`"):
+        block(X, cross_attention_cache=block.cross_attention.compute_cache(ENC))
+    decoder_only = keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=8)
+    decoder_only(X)
+    with pytest.raises(ValueError, match="no cross-attention"):
+        decoder_only(X, ENC)
