@@ -1,0 +1,37 @@
+"""tfds datasets for the model zoo: the project's own synthetic builders and an offline loader.
+
+Importing this package registers the builders with tensorflow-datasets:
+
+- `keras_attn_sorting/{n5,n10,n15,tiny}`: floats `(n, 1)` -> argsort pointers `(n,)`;
+- `keras_attn_convex_hull/{n5,n10,n50,n5-50,tiny}`: points `(n, 2)` -> hull indices `(k,)`;
+- `keras_attn_seq2seq/{copy-5-20,reverse-5-20,reverse-5-50,addition-1-5,addition-1-10}` and
+  `tiny-{copy,reverse,addition}`: text -> text (`Translation`, like `ted_hrlr_translate`).
+
+`load(name, split, data_dir, batch_size=...)` prepares them on first use, offline.
+`models` itself does not import this package, so the layers and models work without
+tensorflow-datasets installed.
+"""
+
+from models.datasets.builders import (
+    SPLITS,
+    KerasAttnConvexHull,
+    KerasAttnSeq2seq,
+    KerasAttnSorting,
+    SyntheticConfig,
+)
+from models.datasets.geometry import convex_hull_indices, polygon_area
+from models.datasets.loading import PAD_INDEX, PAD_VALUE, load, padding_values
+
+__all__ = [
+    "PAD_INDEX",
+    "PAD_VALUE",
+    "SPLITS",
+    "KerasAttnConvexHull",
+    "KerasAttnSeq2seq",
+    "KerasAttnSorting",
+    "SyntheticConfig",
+    "convex_hull_indices",
+    "load",
+    "padding_values",
+    "polygon_area",
+]
