@@ -41,3 +41,16 @@ def test_readme_tour_runs():
     model = namespace["model"]
     ids = np.array([[5, 6, 7, 0, 0], [1, 2, 0, 0, 0]], "int32")
     assert model(ids).shape == (2, 2)
+
+
+def test_readme_cached_decoding_runs_and_matches_the_full_pass():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    (snippet,) = [b for b in blocks if "empty_cache" in b]
+    namespace = {}
+    exec(compile(snippet, "README cached decoding", "exec"), namespace)
+    stepped = keras.ops.concatenate(namespace["steps"], axis=1)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(stepped),
+        keras.ops.convert_to_numpy(namespace["full"]),
+        atol=1e-5,
+    )
