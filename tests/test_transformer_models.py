@@ -70,7 +70,7 @@ def test_two_layer_encoder_classifier_trains_saves_and_serves(tmp_path):
     )
     model.fit(x_train, y_train, epochs=6, batch_size=64, verbose=0)
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
-    assert accuracy > 0.8, accuracy  # chance is 0.5
+    assert accuracy > 0.9, accuracy  # chance is 0.5; measured 1.0
 
     # Padding changes nothing: a padded example scores as its unpadded self.
     for tokens in x_test[:5]:
@@ -123,7 +123,7 @@ def test_two_layer_encoder_decoder_trains_saves_and_serves(tmp_path):
     predicted = np_(model(test)).argmax(-1)
     real = test_target != 0
     token_accuracy = (predicted == test_target)[real].mean()
-    assert token_accuracy > 0.6, token_accuracy  # chance is 1/11
+    assert token_accuracy > 0.9, token_accuracy  # chance is 1/11; measured 1.0
 
     # Source padding changes no target position (the implicit mask reaches cross-attention).
     for i in range(5):
