@@ -1,4 +1,4 @@
-"""The examples users copy: docstring examples and the README tour run as written."""
+"""The examples users copy: docstring examples and the README run as written."""
 
 import doctest
 import importlib
@@ -11,8 +11,13 @@ import numpy as np
 import pytest
 
 import keras_attn
+import models
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(keras_attn.__path__, "keras_attn."))
+MODULES = sorted(
+    m.name
+    for package in (keras_attn, models)
+    for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+)
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
 

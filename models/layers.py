@@ -1,0 +1,219 @@
+"""Small glue layers of the model zoo: reshapes, masks and gathers.
+
+The zoo models must reload with `keras.saving.load_model(path, safe_mode=True)`,
+so they hold no `Lambda` layers: each piece of glue is a layer here,
+registered with `package="models"`, with a `get_config`.
+"""
+
+import keras
+from keras import ops as kops
+
+from keras_attn import ops
+
+_REGISTER = keras.saving.register_keras_serializable(package="models")
+
+
+# ---------------------------------------------------------------------------
+# Reshapes (hierarchical models: sentences of words)
+# ---------------------------------------------------------------------------
+
+
+@_REGISTER
+class FoldIntoBatch(keras.layers.Layer):
+    """Merges the first two axes: `(B, S, ...) -> (B * S, ...)`.
+
+    Lets a sequence layer run over every sentence of every document at once.
+    A mask `(B, S, W)` is folded the same way. The axes after the second must
+    be known.
+
+    Example:
+
+    >>> print(FoldIntoBatch()(np.zeros((2, 3, 4))).shape)
+    (6, 4)
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs):
+        return kops.reshape(inputs, (-1,) + tuple(inputs.shape[2:]))  # (B * S, ...)
+
+    def compute_mask(self, inputs, mask=None):
+        if mask is None or len(mask.shape) < 3:
+            return None
+        return kops.reshape(mask, (-1,) + tuple(mask.shape[2:]))
+
+    def compute_output_shape(self, inputs_shape):
+        batch, size = inputs_shape[0], inputs_shape[1]
+        folded = None if batch is None or size is None else batch * size
+        return (folded,) + tuple(inputs_shape[2:])
+
+
+@_REGISTER
+class UnfoldFromBatch(keras.layers.Layer):
+    """Splits the first axis: `(B * S, ...) -> (B, S, ...)`, the inverse of `FoldIntoBatch`.
+
+    Args:
+        size: `S`, the length of the new second axis.
+
+    Example:
+
+    >>> print(UnfoldFromBatch(3)(np.zeros((6, 4))).shape)
+    (2, 3, 4)
+    """
+
+    def __init__(self, size, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise ValueError(f"`size` must be a positive integer. Received: size={size!r}")
+        self.size = size
+        self.supports_masking = True
+
+    def call(self, inputs):
+        return kops.reshape(inputs, (-1, self.size) + tuple(inputs.shape[1:]))  # (B, S, ...)
+
+    def compute_mask(self, inputs, mask=None):
+        if mask is None:
+            return None
+        return kops.reshape(mask, (-1, self.size) + tuple(mask.shape[1:]))
+
+    def compute_output_shape(self, inputs_shape):
+        batch = None if inputs_shape[0] is None else inputs_shape[0] // self.size
+        return (batch, self.size) + tuple(inputs_shape[1:])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"size": self.size})
+        return config
+
+
+# ---------------------------------------------------------------------------
+# Masks
+# ---------------------------------------------------------------------------
+
+
+@_REGISTER
+class PaddingMask(keras.layers.Layer):
+    """`any(tokens != 0, axis=-1)`: which groups hold at least one real token.
+
+    For documents `(B, S, W)` this is the sentence mask `(B, S)`: a sentence
+    made only of padding (token 0) is `False`.
+
+    Example:
+
+    >>> tokens = np.array([[[4, 2, 0], [0, 0, 0]]])
+    >>> print(keras.ops.convert_to_numpy(PaddingMask()(tokens)))
+    [[ True False]]
+    """
+
+    def call(self, tokens):
+        return kops.any(kops.not_equal(tokens, 0), axis=-1)
+
+    def compute_output_shape(self, tokens_shape):
+        return tuple(tokens_shape[:-1])
+
+    def compute_output_spec(self, tokens):
+        return keras.KerasTensor(self.compute_output_shape(tokens.shape), dtype="bool")
+
+
+@_REGISTER
+class ChosenPositionsMask(keras.layers.Layer):
+    """Pointer decoding mask: step `i` may not point at `pointers[:, :i]`.
+
+    A layer around `keras_attn.ops.chosen_positions_mask`. Negative pointers
+    (padding) exclude nothing.
+
+    Call arguments:
+        pointers: `(B, T)` integer positions chosen at each step.
+        inputs: `(B, N, ...)` the sequence pointed into (only `N` is used).
+
+    Returns:
+        Boolean `(B, T, N)`, `False` where position `j` was chosen before step `i`.
+
+    Example:
+
+    >>> mask = ChosenPositionsMask()(np.array([[2, 0]]), np.zeros((1, 3, 1)))
+    >>> print(keras.ops.convert_to_numpy(mask)[0, 1])
+    [ True  True False]
+    """
+
+    def call(self, pointers, inputs):
+        return ops.chosen_positions_mask(kops.cast(pointers, "int32"), kops.shape(inputs)[1])
+
+    def compute_output_shape(self, pointers_shape, inputs_shape):
+        return tuple(pointers_shape) + (inputs_shape[1],)
+
+    def compute_output_spec(self, pointers, inputs):
+        shape = self.compute_output_shape(pointers.shape, inputs.shape)
+        return keras.KerasTensor(shape, dtype="bool")
+
+
+# ---------------------------------------------------------------------------
+# Gathers
+# ---------------------------------------------------------------------------
+
+
+@_REGISTER
+class PointerDecoderInputs(keras.layers.Layer):
+    """Pointer-network decoder inputs: the input chosen at the previous step.
+
+        d_0 = go,   d_i = x[pointers[i - 1]]   (i >= 1)
+
+    with `go (d,)` a learned vector. This is teacher forcing with the target
+    pointers shifted right by one step. A negative pointer (padding) gives a
+    zero input at the next step.
+
+    Args:
+        go_initializer: initializer of the "go" vector.
+
+    Call arguments:
+        inputs: `(B, N, d)` the input points.
+        pointers: `(B, T)` integer positions (targets in training, the
+            decoded positions so far in decoding).
+
+    Returns:
+        `(B, T, d)`.
+
+    Example:
+
+    >>> points = np.arange(6, dtype="float32").reshape(1, 3, 2)
+    >>> layer = PointerDecoderInputs(go_initializer="ones")
+    >>> print(keras.ops.convert_to_numpy(layer(points, np.array([[2, 0, 1]])))[0])
+    [[1. 1.]
+     [4. 5.]
+     [0. 1.]]
+    """
+
+    def __init__(self, go_initializer="random_normal", **kwargs):
+        super().__init__(**kwargs)
+        self.go_initializer = keras.initializers.get(go_initializer)
+
+    def build(self, inputs_shape, pointers_shape):
+        if len(inputs_shape) != 3 or inputs_shape[-1] is None:
+            raise ValueError(
+                "`inputs` must have rank 3 with a known last axis. "
+                f"Received: inputs.shape={tuple(inputs_shape)}"
+            )
+        self.go = self.add_weight(
+            name="go", shape=(inputs_shape[-1],), initializer=self.go_initializer
+        )
+
+    def call(self, inputs, pointers):
+        previous = kops.cast(pointers[:, :-1], "int32")  # (B, T - 1)
+        valid = kops.expand_dims(kops.greater_equal(previous, 0), -1)  # (B, T - 1, 1)
+        index = kops.expand_dims(kops.maximum(previous, 0), -1)  # (B, T - 1, 1)
+        chosen = kops.take_along_axis(inputs, index, axis=1)  # (B, T - 1, d)
+        chosen = kops.where(valid, chosen, kops.zeros_like(chosen))
+        go = kops.broadcast_to(
+            kops.cast(self.go, inputs.dtype), (kops.shape(inputs)[0], 1, inputs.shape[-1])
+        )
+        return kops.concatenate([go, chosen], axis=1)  # (B, T, d)
+
+    def compute_output_shape(self, inputs_shape, pointers_shape):
+        return (inputs_shape[0], pointers_shape[1], inputs_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"go_initializer": keras.initializers.serialize(self.go_initializer)})
+        return config

@@ -1,0 +1,158 @@
+"""`transformer_seq2seq`: the encoder-decoder Transformer, and its cached decoding steps."""
+
+import keras
+from keras import ops
+
+import keras_attn
+
+
+def transformer_seq2seq(
+    source_vocab_size,
+    target_vocab_size,
+    num_layers=2,
+    num_heads=4,
+    d_model=64,
+    intermediate_dim=128,
+    dropout=0.1,
+    norm_first=False,
+    max_length=512,
+    name="transformer_seq2seq",
+):
+    """The encoder-decoder Transformer of Vaswani et al., trained with teacher forcing.
+
+        e = Encoder(E_src[source] + PE)
+        p(y_t | y_<t, x) = softmax(W Decoder(E_tgt[y_<t] + PE, e)_t)
+
+    Token id 0 is padding on both sides: source padding is never attended
+    to (by the encoder or by cross-attention) and padded target positions
+    carry the mask, so Keras losses and metrics skip them. The decoder's
+    self-attention is causal, so row `t` of the output sees
+    `decoder_inputs[:, :t + 1]` only; with `decoder_inputs` = the targets
+    shifted right behind a start token, row `t` predicts target `t`.
+    Decode with `models.decoding.greedy_decode` / `beam_search` (KV-cached:
+    a step costs O(T)).
+
+    Args:
+        source_vocab_size, target_vocab_size: token ids (0 is padding).
+        num_layers: encoder blocks and decoder blocks.
+        num_heads: attention heads per block.
+        d_model: embedding and block width.
+        intermediate_dim: feed-forward hidden width.
+        dropout: on the embeddings and every residual branch.
+        norm_first: pre-norm blocks, each stack ending with a LayerNorm.
+        max_length: a nominal longest sequence (sinusoidal positions accept
+            any length).
+        name: the model's name.
+
+    Returns:
+        A `keras.Model`: `{"encoder_inputs": (B, S), "decoder_inputs": (B, T)}`
+        int tokens -> logits `(B, T, target_vocab_size)`.
+
+    Example:
+
+    >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
+    >>> out = model({"encoder_inputs": np.ones((2, 7), "int32"),
+    ...              "decoder_inputs": np.ones((2, 5), "int32")})
+    >>> print(out.shape)
+    (2, 5, 30)
+
+    Reference:
+        Vaswani et al., 2017, "Attention Is All You Need",
+        https://arxiv.org/abs/1706.03762
+    """
+    # -- encoder ------------------------------------------------------------
+    encoder_inputs = keras.Input((None,), dtype="int32", name="encoder_inputs")
+    x = keras_attn.TokenAndPositionEmbedding(
+        source_vocab_size, max_length, d_model, mask_zero=True, name="encoder_embedding"
+    )(encoder_inputs)
+    x = keras.layers.Dropout(dropout, name="encoder_embedding_dropout")(x)
+    for i in range(num_layers):
+        x = keras_attn.TransformerEncoderBlock(
+            num_heads, intermediate_dim, dropout=dropout, norm_first=norm_first,
+            name=f"encoder_block_{i}",
+        )(x)  # fmt: skip
+    if norm_first:
+        x = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")(x)
+    # -- decoder ------------------------------------------------------------
+    decoder_inputs = keras.Input((None,), dtype="int32", name="decoder_inputs")
+    y = keras_attn.TokenAndPositionEmbedding(
+        target_vocab_size, max_length, d_model, mask_zero=True, name="decoder_embedding"
+    )(decoder_inputs)
+    y = keras.layers.Dropout(dropout, name="decoder_embedding_dropout")(y)
+    for i in range(num_layers):
+        y = keras_attn.TransformerDecoderBlock(
+            num_heads, intermediate_dim, dropout=dropout, norm_first=norm_first,
+            name=f"decoder_block_{i}",
+        )(y, x)  # fmt: skip
+    if norm_first:
+        y = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_norm")(y)
+    logits = keras.layers.Dense(target_vocab_size, name="logits")(y)
+    # -- model --------------------------------------------------------------
+    inputs = {"encoder_inputs": encoder_inputs, "decoder_inputs": decoder_inputs}
+    return keras.Model(inputs, logits, name=name)
+
+
+def _layer_names(model):
+    return {layer.name for layer in model.layers}
+
+
+class TransformerDecodingSteps:
+    """Incremental decoding of a `transformer_seq2seq` model with KV caches.
+
+    The decoding functions of `models.decoding` drive it: `start` encodes the
+    source once (and projects it once per decoder block for
+    cross-attention); each `step` embeds one token per example at position
+    `index` and runs the decoder blocks on their caches, so a step costs
+    O(T), not O(T^2). Everything is `keras.ops`, so the loop also runs inside
+    a `tf.function` (a SavedModel's serving graph).
+
+    Args:
+        model: a model built by `transformer_seq2seq` (trained or reloaded).
+    """
+
+    @staticmethod
+    def matches(model):
+        return {"encoder_embedding", "decoder_embedding", "decoder_block_0"} <= _layer_names(model)
+
+    def __init__(self, model):
+        names = _layer_names(model)
+        self.blocks, i = [], 0
+        while f"decoder_block_{i}" in names:
+            self.blocks.append(model.get_layer(f"decoder_block_{i}"))
+            i += 1
+        last_encoder = "encoder_norm" if "encoder_norm" in names else f"encoder_block_{i - 1}"
+        self.encoder = keras.Model(
+            model.get_layer("encoder_inputs").output, model.get_layer(last_encoder).output
+        )
+        self.embedding = model.get_layer("decoder_embedding")
+        self.norm = model.get_layer("decoder_norm") if "decoder_norm" in names else None
+        self.logits = model.get_layer("logits")
+
+    def start(self, encoder_inputs, max_length):
+        """Encodes `(B, S)` source tokens; returns the initial decoding state."""
+        encoded = self.encoder(encoder_inputs, training=False)  # (B, S, d)
+        source_mask = ops.not_equal(encoder_inputs, 0)  # (B, S)
+        batch = ops.shape(encoder_inputs)[0]
+        return {
+            "self": [b.self_attention.empty_cache(batch, max_length) for b in self.blocks],
+            "cross": [
+                (*b.cross_attention.compute_cache(encoded), source_mask) for b in self.blocks
+            ],
+        }
+
+    def step(self, tokens, index, state):
+        """`(B,)` tokens at position `index` -> next-token logits `(B, V)` and the new state."""
+        x = self.embedding(ops.expand_dims(tokens, 1), start_index=index)  # (B, 1, d)
+        caches = []
+        for block, cache, cross in zip(self.blocks, state["self"], state["cross"], strict=True):
+            x, cache, _ = block(
+                x,
+                self_attention_cache=cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross,
+                training=False,
+            )
+            caches.append(cache)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.logits(x)[:, 0], {"self": caches, "cross": state["cross"]}

@@ -1,0 +1,95 @@
+"""The shared model-check helper: every zoo model goes through `check_model`.
+
+Like `layer_checks.check_layer`, it never branches on the model's type; what
+differs between models is described by the arguments (data, loss, weights).
+"""
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from layer_checks import _assert_all_close
+
+
+def _flat(outputs):
+    """Model outputs (tensor, list or dict) as a flat list of NumPy arrays."""
+    return [keras.ops.convert_to_numpy(t) for t in tf.nest.flatten(outputs)]
+
+
+def check_model(
+    model,
+    x,
+    y,
+    *,
+    tmp_path,
+    loss,
+    sample_weight=None,
+    optimizer=None,
+    steps=5,
+    atol=1e-5,
+):
+    """Runs the common checks on a zoo model.
+
+    1. It is a built functional model whose symbolic outputs agree with an
+       eager call on `x`, and the outputs are finite.
+    2. `steps` full-batch `fit` steps on `(x, y)` lower the loss.
+    3. `.keras` save and reload with `safe_mode=True` and no `custom_objects`
+       gives the same outputs.
+    4. `model.export(path)` and `tf.saved_model.load` serve the same outputs.
+
+    Args:
+        model: the `keras.Model` a builder returned.
+        x: model inputs as the model takes them (an array or a dict of arrays,
+            with the inputs' dtypes).
+        y: targets for `fit`.
+        tmp_path: a directory for the saved files.
+        loss: the loss to compile with.
+        sample_weight: optional `fit` / `evaluate` sample weights.
+        optimizer: defaults to `Adam(0.01)`.
+        steps: number of `fit` steps (one full batch each).
+        atol: tolerance of the output comparisons.
+
+    Returns:
+        The trained model.
+    """
+    keras.utils.set_random_seed(1234)
+
+    # 1. A built functional model; symbolic and eager outputs agree.
+    assert isinstance(model, keras.Model) and model.built
+    symbolic = tf.nest.flatten(model.outputs)
+    assert model.inputs and all(isinstance(t, keras.KerasTensor) for t in symbolic)
+    eager = _flat(model(x, training=False))
+    for sym, out in zip(symbolic, eager, strict=True):
+        assert len(sym.shape) == out.ndim, (sym.shape, out.shape)
+        compatible = all(s in (None, o) for s, o in zip(sym.shape, out.shape, strict=True))
+        assert compatible, (sym.shape, out.shape)
+        assert np.all(np.isfinite(out)), "non-finite model output"
+
+    # 2. A few fit steps lower the loss.
+    model.compile(optimizer=optimizer or keras.optimizers.Adam(0.01), loss=loss)
+    batch_size = len(tf.nest.flatten(x)[0])
+    evaluate = {"batch_size": batch_size, "verbose": 0, "return_dict": True}
+    before = model.evaluate(x, y, sample_weight=sample_weight, **evaluate)["loss"]
+    model.fit(x, y, sample_weight=sample_weight, epochs=steps, batch_size=batch_size, verbose=0)
+    after = model.evaluate(x, y, sample_weight=sample_weight, **evaluate)["loss"]
+    assert np.isfinite(after) and after < before, (before, after)
+    reference = _flat(model(x, training=False))
+
+    # 3. `.keras` save and reload with safe_mode=True, no custom_objects.
+    path = os.path.join(str(tmp_path), "model_check.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    _assert_all_close(
+        _flat(reloaded(x, training=False)), reference, atol, ".keras reload changed the output"
+    )
+
+    # 4. SavedModel export and reload.
+    export_dir = os.path.join(str(tmp_path), "model_check_savedmodel")
+    model.export(export_dir, verbose=False)
+    loaded = tf.saved_model.load(export_dir)  # keep a reference: it owns the variables
+    served = loaded.serve(tf.nest.map_structure(tf.constant, x))
+    _assert_all_close(_flat(served), reference, atol, "SavedModel output differs")
+    del loaded
+    return model

@@ -1,0 +1,179 @@
+"""pointer_network and pointer_decode: model checks, causality, masks, sorting."""
+
+import keras
+import numpy as np
+import pytest
+
+from layer_checks import check_layer
+from model_checks import check_model
+from models import pointer_decode, pointer_network
+from models.layers import ChosenPositionsMask, PointerDecoderInputs
+
+N = 5
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def _loss():
+    return keras.losses.SparseCategoricalCrossentropy(ignore_class=-1)
+
+
+def _sorting(rng, n, length=N):
+    points = rng.uniform(size=(n, length, 1)).astype("float32")
+    return points, np.argsort(points[..., 0], axis=-1).astype("int32")
+
+
+def _padded_targets(pointers, lengths):
+    """Keeps the first `lengths[i]` pointers of example `i`; -1 after (the padding)."""
+    steps = np.arange(pointers.shape[1])
+    return np.where(steps < np.asarray(lengths)[:, None], pointers, -1).astype("int32")
+
+
+# ---------------------------------------------------------------------------
+# The shared checks
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mask_chosen, pad_value", [(True, None), (False, -1.0)])
+def test_pointer_network_model_checks(tmp_path, mask_chosen, pad_value):
+    points, pointers = _sorting(np.random.default_rng(0), 6)
+    pointers = _padded_targets(pointers, [5, 5, 3, 4, 1, 5])  # variable-length targets
+    if pad_value is not None:  # two padding points after the five real ones
+        points = np.pad(points, ((0, 0), (0, 2), (0, 0)), constant_values=pad_value)
+    model = pointer_network(input_dim=1, units=16, mask_chosen=mask_chosen, pad_value=pad_value)
+    x = {"points": points, "pointers": pointers}
+    check_model(model, x, pointers, tmp_path=tmp_path, loss=_loss())
+
+
+def test_pointer_decoder_inputs_layer_checks(tmp_path):
+    rng = np.random.default_rng(1)
+    check_layer(
+        PointerDecoderInputs,
+        {
+            "inputs": rng.normal(size=(3, 4, 2)).astype("float32"),
+            "pointers": np.array([[1, 0, 3, 2], [2, -1, -1, -1], [0, 1, 2, -1]], "int32"),
+        },
+        tmp_path=tmp_path,
+    )
+
+
+def test_chosen_positions_mask_layer_checks(tmp_path):
+    check_layer(
+        ChosenPositionsMask,
+        {"pointers": np.array([[1, 0, 3], [2, -1, -1]], "int32"), "inputs": np.zeros((2, 4, 1))},
+        tmp_path=tmp_path,
+        expect_trainable=False,
+        mixed_precision=(),
+    )
+
+
+# ---------------------------------------------------------------------------
+# What decoding relies on
+# ---------------------------------------------------------------------------
+
+
+def test_output_step_depends_only_on_earlier_pointers():
+    points, pointers = _sorting(np.random.default_rng(2), 4)
+    model = pointer_network(input_dim=1, units=8)
+    reference = _np(model({"points": points, "pointers": pointers}))
+    for t in range(N):
+        changed = pointers.copy()
+        changed[:, t:] = -1
+        out = _np(model({"points": points, "pointers": changed}))
+        np.testing.assert_allclose(out[:, : t + 1], reference[:, : t + 1], atol=1e-6)
+
+
+def test_chosen_positions_get_zero_probability():
+    points, pointers = _sorting(np.random.default_rng(3), 4)
+    probs = _np(pointer_network(input_dim=1, units=8)({"points": points, "pointers": pointers}))
+    for t in range(N):
+        chosen = probs[np.arange(4)[:, None], t, pointers[:, :t]]
+        assert np.all(chosen == 0.0)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
+    assert np.all(probs[:, -1].max(-1) == pytest.approx(1.0))  # one position left
+
+
+def test_padded_points_get_zero_probability_and_change_nothing():
+    rng = np.random.default_rng(7)
+    points = rng.uniform(size=(3, 4, 2)).astype("float32")
+    padded = np.concatenate([points, np.full((3, 3, 2), -1.0, "float32")], 1)  # N: 4 -> 7
+    order = np.argsort(points[..., 0], -1).astype("int32")
+    model = pointer_network(input_dim=2, units=8, pad_value=-1.0)
+    probs = _np(model({"points": points, "pointers": order}))
+    padded_probs = _np(model({"points": padded, "pointers": order}))
+    assert np.all(padded_probs[..., 4:] == 0.0)
+    np.testing.assert_allclose(padded_probs[..., :4], probs, atol=1e-6)
+    decoded = pointer_decode(model, padded, steps=4)
+    np.testing.assert_array_equal(decoded, pointer_decode(model, points))
+
+
+def test_loss_counts_only_unpadded_steps():
+    points, pointers = _sorting(np.random.default_rng(4), 4)
+    padded = _padded_targets(pointers, [5, 2, 3, 1])
+    model = pointer_network(input_dim=1, units=8)
+    probs = _np(model({"points": points, "pointers": padded}))
+    picked = np.take_along_axis(probs, np.maximum(padded, 0)[..., None], -1)[..., 0]  # (B, T)
+    expected = -np.log(picked[padded >= 0]).mean()
+    np.testing.assert_allclose(_np(_loss()(padded, probs)), expected, rtol=1e-5)
+
+
+def test_pointer_decode_yields_permutations():
+    rng = np.random.default_rng(5)
+    points = rng.uniform(size=(16, 7, 2)).astype("float32")
+    for mask_chosen in (True, False):  # the constraint holds even if the model ignores it
+        model = pointer_network(input_dim=2, units=8, mask_chosen=mask_chosen)
+        order = pointer_decode(model, points)
+        assert order.shape == (16, 7) and order.dtype == np.int32
+        np.testing.assert_array_equal(np.sort(order, -1), np.tile(np.arange(7), (16, 1)))
+
+
+def test_pointer_decode_is_greedy_over_the_model():
+    points, _ = _sorting(np.random.default_rng(6), 8)
+    model = pointer_network(input_dim=1, units=8)
+    order = pointer_decode(model, points)
+    probs = _np(model({"points": points, "pointers": order}))  # teacher-forced on the output
+    np.testing.assert_array_equal(np.argmax(probs, -1), order)
+    partial = pointer_decode(model, points, steps=3)
+    np.testing.assert_array_equal(partial, order[:, :3])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"`encoder` must be one of \['lstm'\]. Received: encod"):
+        pointer_network(input_dim=1, units=8, encoder="transformer")
+    model = pointer_network(input_dim=1, units=8)
+    with pytest.raises(ValueError, match=r"`steps` must be .* Received: steps=6"):
+        pointer_decode(model, np.zeros((2, 5, 1)), steps=6)
+    with pytest.raises(ValueError, match=r"`points` must have rank 3. Received: points.shape"):
+        pointer_decode(model, np.zeros((2, 5)))
+
+
+# ---------------------------------------------------------------------------
+# Training: sorting, as in the paper
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_pointer_network_learns_to_sort_five_numbers():
+    rng = np.random.default_rng(0)
+    train_points, train_order = _sorting(rng, 20000)
+    test_points, test_order = _sorting(rng, 1000)
+    keras.utils.set_random_seed(0)
+    model = pointer_network(input_dim=1, units=128)
+    epochs, batch_size = 10, 128
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.01, epochs * len(train_points) // batch_size
+    )
+    model.compile(optimizer=keras.optimizers.Adam(schedule), loss=_loss())
+    model.fit(
+        {"points": train_points, "pointers": train_order},
+        train_order,
+        epochs=epochs,
+        batch_size=batch_size,
+        verbose=0,
+    )
+    order = pointer_decode(model, test_points)
+    accuracy = float(np.mean(np.all(order == test_order, axis=-1)))
+    print(f"pointer network, sorting 5 numbers: whole-sequence accuracy {accuracy:.3f}")
+    assert accuracy >= 0.95, accuracy
