@@ -59,3 +59,13 @@ def test_readme_cached_decoding_runs_and_matches_the_full_pass():
         keras.ops.convert_to_numpy(namespace["full"]),
         atol=1e-5,
     )
+
+
+def test_readme_zoo_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    (snippet,) = [b for b in blocks if "import models" in b]
+    namespace = {}
+    exec(compile(snippet, "README zoo", "exec"), namespace)
+    assert sorted(namespace["order"][0].tolist()) == [0, 1, 2, 3, 4]
+    assert namespace["tokens"].shape == (1, 8) and namespace["best"].shape == (1, 8)
+    assert namespace["outputs"]["sentence_attention"].shape == (1, 6)
