@@ -17,9 +17,25 @@ def _lstm_encoder(points, units):
     return states, [h, c]
 
 
-# A Transformer set encoder (permutation-invariant, no positional encoding)
-# plugs in here: a function of the same signature, under its own name.
-ENCODERS = {"lstm": _lstm_encoder}
+def _transformer_encoder(points, units, num_layers=2, num_heads=4):
+    """Transformer blocks without positions: a set encoder (permutation-equivariant).
+
+    The decoder's initial state comes from the mean of the encoded points (over
+    the real points only: the implicit padding mask reaches the pooling).
+    """
+    x = keras.layers.Dense(units, name="encoder_projection")(points)  # (B, N, units)
+    for i in range(num_layers):
+        x = keras_attn.TransformerEncoderBlock(
+            num_heads, 2 * units, name=f"encoder_block_{i}"
+        )(x)  # fmt: skip
+    pooled = keras.layers.GlobalAveragePooling1D(name="encoder_pooling")(x)  # (B, units)
+    h = keras.layers.Dense(units, activation="tanh", name="initial_h")(pooled)
+    c = keras.layers.Dense(units, name="initial_c")(pooled)
+    return x, [h, c]
+
+
+# An encoder: (points (B, N, d) with their padding mask, units) -> (states, [h, c]).
+ENCODERS = {"lstm": _lstm_encoder, "transformer": _transformer_encoder}
 
 
 # ---------------------------------------------------------------------------
@@ -64,7 +80,11 @@ def pointer_network(
         input_dim: width `d` of each input point (1 for sorting numbers, 2
             for planar convex hull).
         units: width of the encoder and decoder LSTMs.
-        encoder: the set encoder; only `"lstm"` (as in the paper) for now.
+        encoder: `"lstm"` (as in the paper: reads the points in order) or
+            `"transformer"` (two `TransformerEncoderBlock`s without positional
+            encoding: the set's order does not matter, so permuting the
+            input points permutes the output distribution the same way;
+            `units` must be divisible by 4, the number of heads).
         attention_units: hidden width of the pointer score; `None` means `units`.
         mask_chosen: step `i` may not point at the positions the targets
             chose before it (`keras_attn.ops.chosen_positions_mask`): on for
@@ -98,6 +118,11 @@ def pointer_network(
     if encoder not in ENCODERS:
         raise ValueError(
             f"`encoder` must be one of {sorted(ENCODERS)}. Received: encoder={encoder!r}"
+        )
+    if encoder == "transformer" and units % 4:
+        raise ValueError(
+            f"`units` must be divisible by 4 (the heads) with encoder='transformer'. "
+            f"Received: units={units}"
         )
 
     # -- inputs ------------------------------------------------------------

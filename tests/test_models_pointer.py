@@ -36,13 +36,18 @@ def _padded_targets(pointers, lengths):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mask_chosen, pad_value", [(True, None), (False, -1.0)])
-def test_pointer_network_model_checks(tmp_path, mask_chosen, pad_value):
+@pytest.mark.parametrize(
+    "mask_chosen, pad_value, encoder",
+    [(True, None, "lstm"), (False, -1.0, "lstm"), (True, -1.0, "transformer")],
+)
+def test_pointer_network_model_checks(tmp_path, mask_chosen, pad_value, encoder):
     points, pointers = _sorting(np.random.default_rng(0), 6)
     pointers = _padded_targets(pointers, [5, 5, 3, 4, 1, 5])  # variable-length targets
     if pad_value is not None:  # two padding points after the five real ones
         points = np.pad(points, ((0, 0), (0, 2), (0, 0)), constant_values=pad_value)
-    model = pointer_network(input_dim=1, units=16, mask_chosen=mask_chosen, pad_value=pad_value)
+    model = pointer_network(
+        input_dim=1, units=16, encoder=encoder, mask_chosen=mask_chosen, pad_value=pad_value
+    )
     x = {"points": points, "pointers": pointers}
     check_model(model, x, pointers, tmp_path=tmp_path, loss=_loss())
 
@@ -139,9 +144,27 @@ def test_pointer_decode_is_greedy_over_the_model():
     np.testing.assert_array_equal(partial, order[:, :3])
 
 
+def test_transformer_set_encoder_is_permutation_equivariant():
+    rng = np.random.default_rng(1)
+    points, pointers = _sorting(rng, 3, length=6)
+    points = np.pad(points, ((0, 0), (0, 1), (0, 0)), constant_values=-1.0)  # one padding point
+    model = pointer_network(input_dim=1, units=16, encoder="transformer", pad_value=-1.0)
+    probs = _np(model({"points": points, "pointers": pointers}))
+    perm = rng.permutation(7)  # new position k holds old point perm[k]
+    inverse = np.argsort(perm)
+    permuted = _np(model({"points": points[:, perm], "pointers": inverse[pointers]}))
+    np.testing.assert_allclose(permuted, probs[:, :, perm], atol=1e-5)
+    lstm = pointer_network(input_dim=1, units=16, pad_value=-1.0)  # reads in order: not so
+    lstm_probs = _np(lstm({"points": points, "pointers": pointers}))
+    lstm_permuted = _np(lstm({"points": points[:, perm], "pointers": inverse[pointers]}))
+    assert not np.allclose(lstm_permuted, lstm_probs[:, :, perm], atol=1e-3)
+
+
 def test_bad_arguments():
-    with pytest.raises(ValueError, match=r"`encoder` must be one of \['lstm'\]. Received: encod"):
-        pointer_network(input_dim=1, units=8, encoder="transformer")
+    with pytest.raises(ValueError, match=r"`encoder` must be one of .*Received: encoder='gru'"):
+        pointer_network(input_dim=1, units=8, encoder="gru")
+    with pytest.raises(ValueError, match=r"`units` must be divisible by 4"):
+        pointer_network(input_dim=1, units=6, encoder="transformer")
     model = pointer_network(input_dim=1, units=8)
     with pytest.raises(ValueError, match=r"`steps` must be .* Received: steps=6"):
         pointer_decode(model, np.zeros((2, 5, 1)), steps=6)
