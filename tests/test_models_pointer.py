@@ -4,6 +4,7 @@ import keras
 import numpy as np
 import pytest
 
+import models.datasets
 from layer_checks import check_layer
 from model_checks import check_model
 from models import pointer_decode, pointer_network
@@ -200,3 +201,14 @@ def test_pointer_network_learns_to_sort_five_numbers():
     accuracy = float(np.mean(np.all(order == test_order, axis=-1)))
     print(f"pointer network, sorting 5 numbers: whole-sequence accuracy {accuracy:.3f}")
     assert accuracy >= 0.95, accuracy
+
+
+def test_pointer_network_trains_on_the_convex_hull_dataset(tmp_path):
+    dataset = models.datasets.load(
+        "keras_attn_convex_hull/tiny", "train", str(tmp_path / "tfds"), batch_size=32
+    )
+    points, hull = (_np(t) for t in next(iter(dataset)))  # padded with -1.0 / -1
+    assert points.shape[-1] == 2 and (hull == -1).any()  # variable sizes, variable hulls
+    model = pointer_network(input_dim=2, units=16, encoder="transformer", pad_value=-1.0)
+    x = {"points": points, "pointers": hull}
+    check_model(model, x, hull, tmp_path=tmp_path, loss=_loss())
