@@ -1,0 +1,118 @@
+"""Seq2seq recipes on text pairs: the generated tasks and ted_hrlr_translate."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import models
+from models.recipes.common import END, START, Result, load_supervised, take, text_vectorizer
+
+# ---------------------------------------------------------------------------
+# Seq2seq on text pairs: generated tasks and ted_hrlr_translate
+# ---------------------------------------------------------------------------
+
+
+def seq2seq_task(task_name, default_dataset, architecture):
+    def run(settings):
+        name = settings.dataset or default_dataset
+        train = take(load_supervised(name, "train", settings), settings.train_examples or 20000)
+        test = take(load_supervised(name, "test", settings), settings.test_examples)
+        source_vectorizer = text_vectorizer(train.map(lambda s, t: s).batch(1024), 20000)
+        target_vectorizer = text_vectorizer(
+            train.map(lambda s, t: tf.strings.join([START, t, END], " ")).batch(1024), 20000
+        )
+        vocab = target_vectorizer.get_vocabulary()
+        start_id, end_id = vocab.index(START), vocab.index(END)
+
+        def to_features(source, target):
+            target = target_vectorizer(tf.strings.join([START, target, END], " "))
+            x = {"encoder_inputs": source_vectorizer(source), "decoder_inputs": target[:, :-1]}
+            labels = target[:, 1:]
+            return x, labels, tf.cast(labels != 0, "float32")
+
+        batched = train.shuffle(20000, seed=settings.seed).batch(settings.batch_size)
+        keras.utils.set_random_seed(settings.seed)
+        model = _seq2seq_model(architecture, source_vectorizer.vocabulary_size(), len(vocab))
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            weighted_metrics=["accuracy"],
+        )
+        model.fit(batched.map(to_features), epochs=settings.epochs or 5, shuffle=False)
+
+        sources, targets = zip(*test.as_numpy_iterator(), strict=True)
+        source_ids = np.asarray(source_vectorizer(np.array(sources)))
+        max_length = int(np.asarray(target_vectorizer(np.array(targets))).shape[1]) + 1
+        decoded = np.asarray(models.greedy_decode(model, source_ids, max_length, start_id, end_id))
+        words = np.array(vocab)
+        outputs = [" ".join(words[row[(row != 0) & (row != end_id)]]) for row in decoded]
+        expected = [t.decode() for t in targets]
+        exact = np.mean([o == e for o, e in zip(outputs, expected, strict=True)])
+        metrics = {"exact_match": float(exact)}
+        print(f"  source:   {sources[0].decode()}")
+        print(f"  expected: {expected[0]}\n  decoded:  {outputs[0]}")
+
+        def export(path):
+            models.export_seq2seq(model, path, max_length, start_id, end_id)
+
+        def plot(path):
+            from keras_attn import plotting
+
+            weights = cross_attention_weights(model, source_ids[:1], decoded[:1], start_id)
+            source_words = source_vectorizer.get_vocabulary()
+            fig = plotting.plot_attention(
+                weights[0],
+                source_labels=[source_words[i] for i in source_ids[0] if i],
+                target_labels=[vocab[i] for i in decoded[0] if i],
+                title=f"{task_name}: cross-attention",
+            )
+            plotting.save_figure(fig, path)
+
+        return Result(name, model, metrics, export, plot)
+
+    run.__name__ = task_name
+    return run
+
+
+def _seq2seq_model(architecture, source_vocab, target_vocab):
+    if architecture == "transformer":
+        return models.transformer_seq2seq(
+            source_vocab, target_vocab, num_layers=2, num_heads=4, d_model=64,
+            intermediate_dim=128, dropout=0.1,
+        )  # fmt: skip
+    return models.rnn_seq2seq(source_vocab, target_vocab, 64, 128, score="additive")
+
+
+def cross_attention_weights(model, source_ids, decoded, start_id):
+    """Teacher-forced attention of the decoded tokens over the source: `(B, T, S)`."""
+    length = (decoded != 0).sum(-1).max()
+    decoder_inputs = np.concatenate([np.full((len(decoded), 1), start_id), decoded], 1)[
+        :, :length
+    ].astype("int32")
+    x = {"encoder_inputs": source_ids, "decoder_inputs": decoder_inputs}
+    if "decoder_block_0" in {layer.name for layer in model.layers}:
+        from models.transformer_seq2seq import TransformerDecodingSteps
+
+        steps = TransformerDecodingSteps(model)
+        encoded = steps.encoder(source_ids)
+        y = model.get_layer("decoder_embedding")(decoder_inputs)
+        for block in steps.blocks[:-1]:
+            y = block(y, encoded)
+        _, _, cross = steps.blocks[-1](y, encoded, return_attention_scores=True)
+        weights = keras.ops.mean(cross, axis=1)  # mean over heads: (B, T, S)
+    else:
+        attention_model = models.rnn_seq2seq(**_rnn_config(model), return_attention=True)
+        attention_model.set_weights(model.get_weights())
+        weights = attention_model(x)["attention"]
+    mask = source_ids != 0
+    return np.asarray(weights)[:, :, mask[0]] if len(source_ids) == 1 else np.asarray(weights)
+
+
+def _rnn_config(model):
+    return {
+        "source_vocab_size": model.get_layer("encoder_embedding").input_dim,
+        "target_vocab_size": model.get_layer("logits").units,
+        "embedding_dim": model.get_layer("decoder_embedding").output_dim,
+        "units": model.get_layer("attentional_hidden").units,
+        "score": "additive",
+    }

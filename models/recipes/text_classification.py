@@ -1,0 +1,106 @@
+"""Text-classification recipes: imdb_reviews with a Transformer classifier or a HAN."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import models
+from models.recipes.common import Result, load_supervised, take
+
+# ---------------------------------------------------------------------------
+# Text classification: imdb_reviews with a Transformer or a HAN
+# ---------------------------------------------------------------------------
+
+MAX_TOKENS, MAX_WORDS, MAX_SENTENCES, SENTENCE_WORDS = 20000, 256, 12, 32
+
+
+def _clean(text):
+    return tf.strings.regex_replace(text, "<br />", " ")
+
+
+def _sentences(text):
+    """A review as `(S,)` sentences: split after `.`, `!` or `?` followed by spaces."""
+    return tf.strings.split(tf.strings.regex_replace(_clean(text), r"([.!?])\s+", "\\1\n"), "\n")
+
+
+def imdb_task(task_name, architecture):
+    def run(settings):
+        name = settings.dataset or "imdb_reviews"
+        train = take(load_supervised(name, "train", settings), settings.train_examples or 25000)
+        test = take(load_supervised(name, "test", settings), settings.test_examples)
+        hierarchical = architecture == "han"
+        vectorizer = keras.layers.TextVectorization(
+            MAX_TOKENS, output_sequence_length=SENTENCE_WORDS if hierarchical else MAX_WORDS
+        )
+        vectorizer.adapt(train.map(lambda text, label: _clean(text)).batch(1024))
+
+        def features(text, label):
+            if not hierarchical:
+                return vectorizer(_clean(text)), label
+            ids = vectorizer(_sentences(text)[:MAX_SENTENCES])  # (S, W)
+            return tf.pad(ids, [[0, MAX_SENTENCES - tf.shape(ids)[0]], [0, 0]]), label
+
+        def batches(ds, shuffle=False):
+            ds = ds.shuffle(25000, seed=settings.seed) if shuffle else ds
+            return ds.map(features).batch(settings.batch_size)
+
+        keras.utils.set_random_seed(settings.seed)
+        vocab_size = vectorizer.vocabulary_size()
+        if hierarchical:
+            build = lambda **kw: models.hierarchical_attention_network(  # noqa: E731
+                vocab_size, 64, 32, 32, 2, MAX_SENTENCES, SENTENCE_WORDS, dropout=0.1, **kw
+            )
+        else:
+            build = lambda **kw: models.transformer_classifier(  # noqa: E731
+                vocab_size, MAX_WORDS, 2, num_layers=2, num_heads=4, d_model=64,
+                intermediate_dim=128, pooling="attention", **kw,
+            )  # fmt: skip
+        model = build()
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        model.fit(batches(train, shuffle=True), epochs=settings.epochs or 2, shuffle=False)
+        _, accuracy = model.evaluate(batches(test), verbose=0)
+        texts = [t for t, _ in test.take(1).as_numpy_iterator()]
+
+        def plot(path):
+            from keras_attn import plotting
+
+            ids = np.asarray(features(tf.constant(texts[0]), 0)[0])[None]
+            words = np.array(vectorizer.get_vocabulary())
+            if hierarchical:
+                attention_model = build(return_attention=True)
+                attention_model.set_weights(model.get_weights())
+                out = attention_model(ids)
+                keep = [i for i, row in enumerate(ids[0]) if row.any()]  # real sentences
+                sentences = [list(words[ids[0][i][ids[0][i] != 0]]) for i in keep]
+                fig = plotting.plot_han(
+                    np.asarray(out["word_attention"])[0][keep],
+                    np.asarray(out["sentence_attention"])[0][keep],
+                    sentences,
+                )
+            else:
+                fig = _pooling_plot(model, ids, words, plotting)
+            plotting.save_figure(fig, path)
+
+        return Result(name, model, {"accuracy": float(accuracy)}, model.export, plot)
+
+    run.__name__ = task_name
+    return run
+
+
+def _pooling_plot(model, ids, words, plotting):
+    """The attention-pooling weights of a `transformer_classifier` over one review's words."""
+    pooling = model.get_layer("pooling")
+    pooled_input = pooling.input[0] if isinstance(pooling.input, list) else pooling.input
+    encoded = keras.Model(model.input, pooled_input)(ids)
+    _, weights = pooling(encoded, mask=ids != 0, return_attention_scores=True)
+    real = ids[0] != 0
+    return plotting.plot_attention(
+        np.asarray(weights)[:, real],
+        source_labels=list(words[ids[0][real]]),
+        target_labels=["pooled"],
+        title="transformer_classifier: attention pooling",
+    )
