@@ -24,7 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 import models
-from models.datasets import PAD_VALUE, padding_values, polygon_area
+from models.datasets import PAD_VALUE, padding_values
+from models.geometry import hull_metrics, open_polygon
 
 DATASETS = {"sort": "keras_attn_sorting/n5", "hull": "keras_attn_convex_hull/n5"}
 SMOKE_DATASETS = {"sort": "keras_attn_sorting/tiny", "hull": "keras_attn_convex_hull/tiny"}
@@ -55,73 +56,6 @@ def parse_args(argv=None):
         args.epochs, args.batch_size, args.train_examples = 1, 16, 32
         args.units, args.test_examples = 16, 16
     return args
-
-
-# ---------------------------------------------------------------------------
-# Convex hull: closed-polygon decoding and its metrics
-# ---------------------------------------------------------------------------
-
-
-def decode_hull(model, points):
-    """Greedy decoding of closed hulls: positions already chosen are excluded, except the
-    first one, which closes the polygon and ends the sequence (after at least 3 vertices).
-
-    Returns one index array per example, without the closing index.
-    """
-    batch, num_points = points.shape[:2]
-    pointers = np.full((batch, num_points + 1), -1, "int32")  # -1: not decoded (padding)
-    chosen = np.zeros((batch, num_points), bool)
-    closed = np.zeros(batch, bool)
-    rows = np.arange(batch)
-    for t in range(num_points + 1):
-        probs = model.predict_on_batch({"points": points, "pointers": pointers})[:, t]  # (B, N)
-        allowed = ~chosen
-        if t >= 3:  # pointing at the first vertex again closes the polygon
-            allowed[rows, pointers[:, 0]] = True
-        choice = np.argmax(np.where(allowed, probs, -1.0), axis=-1)
-        pointers[:, t] = np.where(closed, -1, choice)
-        chosen[rows, choice] = True
-        closed |= (t >= 3) & (choice == pointers[:, 0])
-        if closed.all():
-            break
-    return [open_hull(row) for row in pointers]
-
-
-def open_hull(pointers):
-    """A closed pointer sequence (maybe padded with -1) without its padding and closing index."""
-    pointers = pointers[pointers >= 0]
-    return pointers[:-1] if len(pointers) > 1 and pointers[-1] == pointers[0] else pointers
-
-
-def is_simple(polygon):
-    """Whether a closed polygon `(k, 2)` has at least 3 vertices and no crossing edges."""
-    k = len(polygon)
-    if k < 3:
-        return False
-
-    def cross(o, a, b):
-        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
-
-    for i in range(k):
-        for j in range(i + 2, k):
-            if i == 0 and j == k - 1:
-                continue  # adjacent through the closing edge
-            p, q = polygon[i], polygon[(i + 1) % k]
-            r, s = polygon[j], polygon[(j + 1) % k]
-            if cross(p, q, r) * cross(p, q, s) < 0 and cross(r, s, p) * cross(r, s, q) < 0:
-                return False
-    return True
-
-
-def hull_metrics(points, predicted, targets):
-    """(whole-sequence accuracy, mean area coverage) over examples."""
-    exact, coverage = [], []
-    for x, hull, target in zip(points, predicted, targets, strict=True):
-        target = open_hull(target)
-        exact.append(len(hull) == len(target) and np.array_equal(hull, target))
-        simple = is_simple(x[hull]) and len(set(hull.tolist())) == len(hull)
-        coverage.append(abs(polygon_area(x, hull)) / polygon_area(x, target) if simple else 0.0)
-    return float(np.mean(exact)), float(np.mean(coverage))
 
 
 # ---------------------------------------------------------------------------
@@ -175,7 +109,7 @@ def main(argv=None):
     for inputs, targets in batches(test):
         points, targets = inputs["points"].numpy(), targets.numpy()
         if hull:
-            predicted = decode_hull(model, points)
+            predicted = models.decoding.polygon_decode(model, points)
             accuracy, coverage = hull_metrics(points, predicted, targets)
             coverages.append(coverage * len(points))
         else:
@@ -201,7 +135,7 @@ def main(argv=None):
         points, predicted, target = first
         real = points[~np.all(points == PAD_VALUE, axis=-1)]  # drop padding points
         fig = plotting.plot_pointer(
-            real, predicted, target=open_hull(target) if hull else None, title=f"{name}: test 0"
+            real, predicted, target=open_polygon(target) if hull else None, title=f"{name}: test 0"
         )
         plotting.save_figure(fig, args.plot)
         print(f"Saved the pointer plot {args.plot}")

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from models.geometry import open_polygon
 from models.rnn_seq2seq import RNNDecodingSteps
 from models.transformer_seq2seq import TransformerDecodingSteps
 
@@ -297,3 +298,49 @@ def pointer_decode(model, points, steps=None, constrained=True):
         pointers[:, t] = np.argmax(probs, axis=-1)
         chosen[rows, pointers[:, t]] = True
     return pointers
+
+
+def polygon_decode(model, points):
+    """Greedy decoding of closed polygons (convex hulls) with a pointer network.
+
+    Positions already chosen are excluded, except the first one: pointing back
+    at it (after at least 3 vertices) closes the polygon and ends the
+    sequence, the end-of-sequence convention of the Pointer Networks paper
+    (train on hulls with their first vertex repeated at the end, with
+    `pointer_network(..., mask_chosen=False)`). Costs up to `N + 1` model calls.
+
+    Args:
+        model: a pointer network with inputs `{"points", "pointers"}`.
+        points: float array `(B, N, d)`.
+
+    Returns:
+        A list of `B` int arrays: each polygon's vertices, without the closing index.
+
+    Example:
+
+    >>> from models import pointer_network
+    >>> model = pointer_network(input_dim=2, units=8, mask_chosen=False)
+    >>> hulls = polygon_decode(model, np.random.uniform(size=(2, 6, 2)))
+    >>> print(len(hulls), all(len(set(h.tolist())) == len(h) for h in hulls))
+    2 True
+    """
+    points = np.asarray(points, "float32")
+    if points.ndim != 3:
+        raise ValueError(f"`points` must have rank 3. Received: points.shape={points.shape}")
+    batch, num_points = points.shape[:2]
+    pointers = np.full((batch, num_points + 1), -1, "int32")  # -1: not decoded yet
+    chosen = np.zeros((batch, num_points), bool)
+    closed = np.zeros(batch, bool)
+    rows = np.arange(batch)
+    for t in range(num_points + 1):
+        probs = _predict(model, {"points": points, "pointers": pointers})[:, t]  # (B, N)
+        allowed = ~chosen
+        if t >= 3:  # pointing at the first vertex again closes the polygon
+            allowed[rows, pointers[:, 0]] = True
+        choice = np.argmax(np.where(allowed, probs, -1.0), axis=-1)
+        pointers[:, t] = np.where(closed, -1, choice)
+        chosen[rows, choice] = True
+        closed |= (t >= 3) & (choice == pointers[:, 0])
+        if closed.all():
+            break
+    return [open_polygon(row) for row in pointers]

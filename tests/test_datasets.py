@@ -10,7 +10,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import models.datasets
-from models.datasets import convex_hull_indices, geometry, loading
+from models import geometry
+from models.datasets import convex_hull_indices, loading
 
 SEQ2SEQ = ("keras_attn_seq2seq/tiny-copy", "keras_attn_seq2seq/tiny-reverse")
 ADDITION = "keras_attn_seq2seq/tiny-addition"

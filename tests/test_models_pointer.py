@@ -8,6 +8,9 @@ import models.datasets
 from layer_checks import check_layer
 from model_checks import check_model
 from models import pointer_decode, pointer_network
+from models.datasets import convex_hull_indices
+from models.decoding import polygon_decode
+from models.geometry import hull_metrics, is_simple_polygon
 from models.layers import ChosenPositionsMask, PointerDecoderInputs
 
 N = 5
@@ -212,3 +215,41 @@ def test_pointer_network_trains_on_the_convex_hull_dataset(tmp_path):
     model = pointer_network(input_dim=2, units=16, encoder="transformer", pad_value=-1.0)
     x = {"points": points, "pointers": hull}
     check_model(model, x, hull, tmp_path=tmp_path, loss=_loss())
+
+
+class _OracleModel:
+    """Stands in for a pointer network: puts all probability on the closed target hull."""
+
+    def __init__(self, hulls, num_points):
+        self.steps = np.full((len(hulls), num_points + 1), -1)
+        for i, hull in enumerate(hulls):
+            closed = list(hull) + [hull[0]]
+            self.steps[i, : len(closed)] = closed
+
+    def predict_on_batch(self, inputs):
+        t = int(np.sum(inputs["pointers"][0] >= 0))  # the step being decoded
+        assert np.all(inputs["pointers"][:, t:] == -1)
+        probs = np.full(self.steps.shape + (self.steps.shape[1] - 1,), 0.01)
+        rows = np.arange(len(self.steps))
+        probs[rows, t, np.maximum(self.steps[:, t], 0)] = 1.0
+        return probs
+
+
+def test_polygon_decoding_and_hull_metrics():
+    rng = np.random.default_rng(0)
+    points = rng.uniform(size=(6, 9, 2)).astype("float32")
+    hulls = [convex_hull_indices(p) for p in points]
+    decoded = polygon_decode(_OracleModel(hulls, 9), points)
+    for got, want in zip(decoded, hulls, strict=True):
+        np.testing.assert_array_equal(got, want)
+    padded = np.full((6, 10), -1)
+    for i, hull in enumerate(hulls):
+        padded[i, : len(hull) + 1] = list(hull) + [hull[0]]  # closed, then padding
+    assert hull_metrics(points, decoded, padded) == (1.0, 1.0)
+    wrong = [h[:-1] for h in hulls]  # one vertex short: not exact, less area
+    accuracy, coverage = hull_metrics(points, wrong, padded)
+    assert accuracy == 0.0 and 0.5 < coverage < 1.0
+
+    square = np.array([[0, 0], [1, 0], [1, 1], [0, 1]], float)
+    assert is_simple_polygon(square) and not is_simple_polygon(square[[0, 2, 1, 3]])
+    assert not is_simple_polygon(square[:2])

@@ -19,8 +19,14 @@ from models.datasets.builders import (
     KerasAttnSorting,
     SyntheticConfig,
 )
-from models.datasets.geometry import convex_hull_indices, polygon_area
 from models.datasets.loading import PAD_INDEX, PAD_VALUE, load, padding_values
+from models.geometry import (
+    convex_hull_indices,
+    hull_metrics,
+    is_simple_polygon,
+    open_polygon,
+    polygon_area,
+)
 
 __all__ = [
     "PAD_INDEX",
@@ -31,7 +37,10 @@ __all__ = [
     "KerasAttnSorting",
     "SyntheticConfig",
     "convex_hull_indices",
+    "hull_metrics",
+    "is_simple_polygon",
     "load",
+    "open_polygon",
     "padding_values",
     "polygon_area",
 ]

@@ -13,7 +13,7 @@ import zlib
 import numpy as np
 import tensorflow_datasets as tfds
 
-from models.datasets.geometry import convex_hull_indices
+from models.geometry import convex_hull_indices
 
 SPLITS = ("train", "validation", "test")
 _POINTER_NETWORKS = "https://arxiv.org/abs/1506.03134"

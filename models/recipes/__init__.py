@@ -19,11 +19,11 @@ from models.recipes.text_classification import imdb_task
 TASKS = {
     "pointer-sort": (
         "pointer network (LSTM encoder) sorting 5 numbers: keras_attn_sorting/n5",
-        pointer_task("pointer-sort", "keras_attn_sorting/n5", "lstm", True),
+        pointer_task("pointer-sort", "keras_attn_sorting/n5"),
     ),
     "pointer-hull": (
-        "pointer network (set encoder) on planar convex hulls: keras_attn_convex_hull/n5",
-        pointer_task("pointer-hull", "keras_attn_convex_hull/n5", "transformer", True),
+        "pointer network on convex hulls (closed as in the paper): keras_attn_convex_hull/n5",
+        pointer_task("pointer-hull", "keras_attn_convex_hull/n5"),
     ),
     "transformer-reverse": (
         "Transformer seq2seq reversing 5-20 tokens: keras_attn_seq2seq/reverse-5-20",

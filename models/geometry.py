@@ -86,3 +86,63 @@ def polygon_area(points, indices=None) -> float:
         pts = pts[np.asarray(indices, dtype=np.int64)]
     x, y = pts[:, 0], pts[:, 1]
     return float(0.5 * np.sum(x * np.roll(y, -1) - np.roll(x, -1) * y))
+
+
+def open_polygon(pointers) -> np.ndarray:
+    """A closed pointer sequence (maybe padded with -1) without its padding and closing index.
+
+    Example:
+
+    >>> open_polygon([0, 2, 1, 0, -1]).tolist()
+    [0, 2, 1]
+    """
+    pointers = np.asarray(pointers)
+    pointers = pointers[pointers >= 0]
+    return pointers[:-1] if len(pointers) > 1 and pointers[-1] == pointers[0] else pointers
+
+
+def is_simple_polygon(polygon) -> bool:
+    """Whether a closed polygon `(k, 2)` has at least 3 vertices and no crossing edges.
+
+    Example:
+
+    >>> is_simple_polygon([[0, 0], [1, 0], [1, 1], [0, 1]])
+    True
+    >>> is_simple_polygon([[0, 0], [1, 1], [1, 0], [0, 1]])  # a bow tie
+    False
+    """
+    polygon = np.asarray(polygon, dtype=np.float64)
+    k = len(polygon)
+    if k < 3:
+        return False
+    for i in range(k):
+        for j in range(i + 2, k):
+            if i == 0 and j == k - 1:
+                continue  # adjacent through the closing edge
+            p, q = polygon[i], polygon[(i + 1) % k]
+            r, t = polygon[j], polygon[(j + 1) % k]
+            if _cross(p, q, r) * _cross(p, q, t) < 0 and _cross(r, t, p) * _cross(r, t, q) < 0:
+                return False
+    return True
+
+
+def hull_metrics(points, predicted, targets):
+    """The Pointer Networks paper's two convex-hull metrics, averaged over examples.
+
+    Args:
+        points: `(B, N, 2)` points (padding points are never indexed).
+        predicted: `B` index sequences (open or closed, maybe padded with -1).
+        targets: `B` true hulls (open or closed, maybe padded with -1).
+
+    Returns:
+        `(accuracy, coverage)`: the fraction of exact vertex sequences, and the mean
+        predicted-polygon area over true hull area, a non-simple polygon or one that
+        repeats a vertex counting 0.
+    """
+    exact, coverage = [], []
+    for x, hull, target in zip(points, predicted, targets, strict=True):
+        hull, target = open_polygon(hull), open_polygon(target)
+        exact.append(len(hull) == len(target) and np.array_equal(hull, target))
+        simple = len(set(hull.tolist())) == len(hull) and is_simple_polygon(x[hull])
+        coverage.append(abs(polygon_area(x, hull)) / polygon_area(x, target) if simple else 0.0)
+    return float(np.mean(exact)), float(np.mean(coverage))
