@@ -27,6 +27,12 @@ def check_positive_int(name, value, allow_none=False):
     return value
 
 
+def check_positive_number(name, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
+    return value
+
+
 def check_rank(name, shape, ranks):
     if len(shape) not in ranks:
         expected = " or ".join(str(r) for r in ranks)
@@ -39,6 +45,33 @@ def check_dim(name_a, dim_a, name_b, dim_b, what):
     if dim_a is not None and dim_b is not None and dim_a != dim_b:
         raise ValueError(
             f"`{name_a}` and `{name_b}` must have the same {what}. Received: {dim_a} and {dim_b}"
+        )
+
+
+def check_floating(name, x):
+    """`TypeError` unless `x` is a floating-point tensor.
+
+    Keras casts float inputs to the layer's compute dtype but leaves integer
+    ones alone, and integer scores would give integer (all-zero) weights.
+    """
+    if not keras.backend.is_float_dtype(x.dtype):
+        raise TypeError(
+            f"`{name}` must be a floating-point tensor (embed token ids first). "
+            f"Received: {name}.dtype={keras.backend.standardize_dtype(x.dtype)}"
+        )
+
+
+def check_mask_dtype(name, mask):
+    """`TypeError` unless `mask` is boolean or integer (nonzero = attend).
+
+    A float mask is refused: an additive mask (0 = keep, -1e9 = drop) read as
+    "nonzero = attend" would be inverted, silently.
+    """
+    dtype = keras.backend.standardize_dtype(mask.dtype)
+    if dtype != "bool" and not keras.backend.is_int_dtype(dtype):
+        raise TypeError(
+            f"`{name}` must be a boolean mask (True = may attend; integer 0/1 also "
+            f"accepted), not an additive float mask. Received: {name}.dtype={dtype}"
         )
 
 
@@ -59,21 +92,30 @@ def check_input_shapes(query_shape, value_shape, key_shape=None):
     return tuple(query_shape), tuple(key_shape)
 
 
-def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_causal_mask):
+def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_causal_mask, key=None):
     """The prelude every attention layer's `call` shares.
 
-    A rank-2 query `(B, dq)` becomes `(B, 1, dq)` (its masks following), the
-    explicit masks are checked, and all masks are merged into one.
+    The inputs must be floating point. A rank-2 query `(B, dq)` becomes
+    `(B, 1, dq)` (its masks following: `query_mask (B,)`, `attention_mask
+    (B, Tv)`), the explicit masks are checked, and all masks are merged into one.
 
     Returns:
         `(query, mask, single_query)`: the rank-3 query, the boolean mask
         `(B or 1, Tq, Tv)` or `None`, and whether the query was rank 2.
     """
+    for name, x in (("query", query), ("value", value), ("key", key)):
+        if x is not None:
+            check_floating(name, x)
     single_query = len(query.shape) == 2
     if single_query:
         query = kops.expand_dims(query, 1)  # (B, 1, dq)
         if query_mask is not None:
-            query_mask = kops.reshape(query_mask, (-1, 1))
+            if len(query_mask.shape) != 1:
+                raise ValueError(
+                    "With a rank-2 query (one query per example) `query_mask` must have "
+                    f"shape (batch,). Received: query_mask.shape={tuple(query_mask.shape)}"
+                )
+            query_mask = kops.expand_dims(query_mask, 1)  # (B, 1)
         if attention_mask is not None:
             check_rank("attention_mask", attention_mask.shape, (2,))
             attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
@@ -93,11 +135,15 @@ def finish_outputs(output, weights, mask, single_query, return_attention_scores)
     """The epilogue every attention layer's `call` shares.
 
     Zeroes the output rows that see no key (after any output projection and
-    its bias), drops the query axis of a rank-2 query, and returns the output
-    or `(output, weights)`. Weights have the query axis at -2.
+    its bias; every row when `Tv = 0`), drops the query axis of a rank-2
+    query, and returns the output or `(output, weights)`. Weights have the
+    query axis at -2.
     """
     if mask is not None:
         output = kops.where(ops.visible_rows(mask), output, kops.zeros_like(output))
+    elif weights is not None and weights.shape[-1] in (0, None):
+        # No mask, but maybe no key (Tv = 0): then no row sees a key.
+        output = kops.where(kops.shape(weights)[-1] > 0, output, kops.zeros_like(output))
     if single_query:
         output, weights = output[:, 0], weights[..., 0, :]
     if return_attention_scores:
@@ -106,15 +152,32 @@ def finish_outputs(output, weights, mask, single_query, return_attention_scores)
 
 
 def check_masks(query, value, query_mask, value_mask, attention_mask):
-    """Static checks of explicit masks against `query (B, Tq, .)` and `value (B, Tv, .)`."""
+    """Static checks of explicit masks against `query (B, Tq, .)` and `value (B, Tv, .)`.
+
+    Masks must be boolean (or integer), with the rank, lengths and batch size
+    of their inputs (`attention_mask` may have batch size 1).
+    """
     if query_mask is not None:
+        check_mask_dtype("query_mask", query_mask)
         check_rank("query_mask", query_mask.shape, (2,))
         check_dim("query_mask", query_mask.shape[1], "query", query.shape[1], "length")
+        check_dim("query_mask", query_mask.shape[0], "query", query.shape[0], "batch size")
     if value_mask is not None:
+        check_mask_dtype("value_mask", value_mask)
         check_rank("value_mask", value_mask.shape, (2,))
         check_dim("value_mask", value_mask.shape[1], "value", value.shape[1], "length")
+        check_dim("value_mask", value_mask.shape[0], "value", value.shape[0], "batch size")
     if attention_mask is not None:
+        check_mask_dtype("attention_mask", attention_mask)
         check_rank("attention_mask", attention_mask.shape, (3,))
+        if attention_mask.shape[0] != 1:
+            check_dim(
+                "attention_mask",
+                attention_mask.shape[0],
+                "query",
+                query.shape[0],
+                "batch size (or 1)",
+            )
         check_dim(
             "attention_mask",
             attention_mask.shape[1],
@@ -129,6 +192,33 @@ def check_masks(query, value, query_mask, value_mask, attention_mask):
             value.shape[1],
             "value length (axis 2 of the mask, axis 1 of value)",
         )
+
+
+def finite_weighted_sum(weights, value):
+    """`sum_j w_ij v_j` in which a zero weight contributes exactly nothing.
+
+    A plain matmul computes `0 * nan = nan`: a NaN or inf value at a masked
+    (padded, future) key would reach every row. Here the value rows holding a
+    non-finite entry are zeroed first, then the rows that give such a value a
+    non-zero weight are set to NaN: a non-finite value at a visible key still
+    propagates, to the rows that see it (all their channels).
+
+    Args:
+        weights: `(..., Tq, Tv)`.
+        value: `(..., Tv, dv)`.
+
+    Returns:
+        `(..., Tq, dv)`, bit-identical to `ops.weighted_sum` for finite values.
+    """
+    finite = kops.all(kops.isfinite(value), axis=-1)  # (..., Tv)
+    safe_value = kops.where(kops.expand_dims(finite, -1), value, kops.zeros_like(value))
+    output = ops.weighted_sum(weights, safe_value)  # (..., Tq, dv)
+    sees_nonfinite = kops.any(
+        kops.logical_and(kops.not_equal(weights, 0), kops.expand_dims(~finite, -2)),
+        axis=-1,
+        keepdims=True,
+    )  # (..., Tq, 1)
+    return kops.where(sees_nonfinite, kops.cast(float("nan"), output.dtype), output)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -147,15 +237,17 @@ class ScoreAttention(keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        query: `(B, Tq, dq)`, or `(B, dq)` for one query per example.
+        query: `(B, Tq, dq)`, or `(B, dq)` for one query per example. Query,
+            key and value must be floating point (`TypeError` otherwise).
         value: `(B, Tv, dv)`.
         key: `(B, Tv, dk)`; defaults to `value`.
-        query_mask: bool `(B, Tq)`; filled from the implicit Keras mask of
-            `query`. Padded query rows output zeros.
+        query_mask: bool `(B, Tq)` (`(B,)` for a rank-2 query); filled from
+            the implicit Keras mask of `query`. Padded query rows output zeros.
         value_mask: bool `(B, Tv)`; filled from the implicit mask of `value`.
             Padded keys get zero weight.
-        attention_mask: bool `(B, Tq, Tv)` (`(B, Tv)` for a rank-2 query),
-            `True` = may attend.
+        attention_mask: bool `(B or 1, Tq, Tv)` (`(B, Tv)` for a rank-2
+            query), `True` = may attend. Masks may also be integer (nonzero =
+            attend); float (additive) masks raise `TypeError`.
         use_causal_mask: query `i` sees keys `j <= i + Tv - Tq` only.
         return_attention_scores: also return the weights.
         training: dropout (and sampling) on or off.
@@ -164,7 +256,13 @@ class ScoreAttention(keras.layers.Layer):
         Output `(B, Tq, dv)` (or `(B, dv)`), and with
         `return_attention_scores=True` the pair `(output, weights)` with
         weights `(B, Tq, Tv)` (or `(B, Tv)`). A query row with no visible key
-        returns zeros and zero weights. The output mask is `query_mask`.
+        returns zeros and zero weights; so does every row when `Tv = 0` (an
+        empty sequence). The output mask is `query_mask`.
+
+        Non-finite inputs: a NaN or inf at a masked position (padding, a
+        future step under the causal mask) never reaches the outputs, and a
+        padded query row outputs zeros whatever it holds. A NaN or inf at a
+        visible position propagates: the rows that attend to it are NaN.
 
     Example:
 
@@ -197,7 +295,7 @@ class ScoreAttention(keras.layers.Layer):
         return ops.masked_softmax(scores, mask)
 
     def combine(self, weights, value):
-        return ops.weighted_sum(weights, value)
+        return finite_weighted_sum(weights, value)
 
     def project_output(self, output):
         return output
@@ -229,7 +327,7 @@ class ScoreAttention(keras.layers.Layer):
     ):
         key = value if key is None else key
         query, mask, single_query = prepare_inputs(
-            query, value, query_mask, value_mask, attention_mask, use_causal_mask
+            query, value, query_mask, value_mask, attention_mask, use_causal_mask, key=key
         )
         query, key, value = self.project_inputs(query, key, value)
         scores = self.score_layer(query, key)  # (B, Tq, Tv)

@@ -5,7 +5,7 @@ import numpy as np
 from keras import ops as kops
 
 from keras_attn import ops
-from keras_attn.base import ScoreAttention
+from keras_attn.base import ScoreAttention, check_positive_number
 
 # Smallest uniform sample, so that the Gumbel noise `-log(-log(u))` is finite.
 _TINY = float(np.finfo(np.float32).tiny)
@@ -47,7 +47,9 @@ class HardAttention(ScoreAttention):
         Output `(B, Tq, dv)` (or `(B, dv)` for a rank-2 query): the selected
         value rows; with `return_attention_scores=True` also the one-hot
         weights `(B, Tq, Tv)`. A query row with no visible key gets zero
-        weights and a zero output, with finite gradients.
+        weights and a zero output, with finite gradients. As in every layer,
+        a NaN or inf at a masked position never reaches the output; a NaN
+        score at a visible key makes its row NaN (no position is selected).
 
     Example:
 
@@ -65,15 +67,7 @@ class HardAttention(ScoreAttention):
 
     def __init__(self, score="dot", temperature=1.0, dropout=0.0, seed=None, **kwargs):
         super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)
-        if (
-            not isinstance(temperature, (int, float))
-            or isinstance(temperature, bool)
-            or not temperature > 0
-        ):
-            raise ValueError(
-                f"`temperature` must be a positive number. Received: temperature={temperature!r}"
-            )
-        self.temperature = float(temperature)
+        self.temperature = float(check_positive_number("temperature", temperature))
 
     def normalize(self, scores, mask, training):
         # Selection and noise in float32 whatever the policy, as the softmax.
@@ -91,6 +85,8 @@ class HardAttention(ScoreAttention):
         hard = kops.one_hot(kops.argmax(soft, axis=-1), kops.shape(soft)[-1])
         if mask is not None:
             hard = hard * kops.cast(ops.visible_rows(mask), hard.dtype)
+        # argmax would pick some position of a row with a NaN score: keep the NaN.
+        hard = kops.where(kops.any(kops.isnan(soft), axis=-1, keepdims=True), soft, hard)
         if training:
             # Forward value exactly `hard`; gradient of the soft sample.
             hard = hard + (soft - kops.stop_gradient(soft))

@@ -4,7 +4,14 @@ import keras
 from keras import ops as kops
 
 from keras_attn import ops
-from keras_attn.base import check_positive_int, check_rank, check_rate
+from keras_attn.base import (
+    check_floating,
+    check_mask_dtype,
+    check_positive_int,
+    check_rank,
+    check_rate,
+    finite_weighted_sum,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -32,8 +39,10 @@ class AttentionPooling(keras.layers.Layer):
         inputs: `(B, T, d)` sequence `h`.
         mask: bool `(B, T)`, `True` = keep; filled by Keras from an implicit
             mask (e.g. `Embedding(mask_zero=True)`). Masked steps get weight
-            exactly 0; an example with no unmasked step pools to zeros (with
-            finite gradients).
+            exactly 0; an example with no unmasked step (or `T = 0`) pools to
+            zeros (with finite gradients). A NaN or inf at a masked step
+            never reaches the output; at an unmasked step it makes the
+            example's output NaN.
         return_attention_scores: also return the weights `a`.
         training: dropout on or off.
 
@@ -100,8 +109,22 @@ class AttentionPooling(keras.layers.Layer):
 
     def call(self, inputs, mask=None, return_attention_scores=False, training=None):
         check_rank("inputs", inputs.shape, (3,))
+        check_floating("inputs", inputs)
+        if inputs.shape[-1] != self.kernel.shape[0]:
+            raise ValueError(
+                f"`inputs` must have width {self.kernel.shape[0]}, the width this layer was "
+                f"built for. Received: inputs.shape={tuple(inputs.shape)}"
+            )
         if mask is not None:
+            check_mask_dtype("mask", mask)
             check_rank("mask", mask.shape, (2,))
+            for axis, what in ((0, "batch size"), (1, "length")):
+                if None not in (mask.shape[axis], inputs.shape[axis]):
+                    if mask.shape[axis] != inputs.shape[axis]:
+                        raise ValueError(
+                            f"`mask` and `inputs` must have the same {what}. Received: "
+                            f"mask.shape={tuple(mask.shape)}, inputs.shape={tuple(inputs.shape)}"
+                        )
         hidden = kops.matmul(inputs, self.kernel)  # (B, T, units)
         if self.bias is not None:
             hidden = hidden + self.bias
@@ -110,7 +133,7 @@ class AttentionPooling(keras.layers.Layer):
         weights = ops.dropout_weights(
             weights, self.dropout, training=training, seed=self.seed_generator
         )
-        pooled = ops.weighted_sum(kops.expand_dims(weights, 1), inputs)  # (B, 1, d)
+        pooled = finite_weighted_sum(kops.expand_dims(weights, 1), inputs)  # (B, 1, d)
         pooled = kops.squeeze(pooled, 1)  # (B, d)
         if return_attention_scores:
             return pooled, weights

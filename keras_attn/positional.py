@@ -11,13 +11,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.base import check_positive_int
-
-
-def _check_positive_number(name, value):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
-    return value
+from keras_attn.base import check_floating, check_positive_int, check_positive_number
 
 
 def _check_input_shape(name, shape, ranks, even=False, width=True):
@@ -42,6 +36,16 @@ class _PositionLayer(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)
+
+
+def _static_int(x):
+    """`x` as a Python int when its value is known now (an int or an eager scalar), else None."""
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    try:
+        return int(x)  # an eager tensor; a traced one raises
+    except Exception:
+        return None
 
 
 def _positions(length, start_index):
@@ -89,13 +93,14 @@ class SinusoidalPositionalEncoding(_PositionLayer):
 
     def __init__(self, max_wavelength=10000, **kwargs):
         super().__init__(**kwargs)
-        self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
+        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
 
     def build(self, inputs_shape):
         _check_input_shape("inputs", inputs_shape, (3,))
         self.built = True
 
     def call(self, inputs, start_index=0):
+        check_floating("inputs", inputs)
         depth = inputs.shape[-1]
         # Channels 2i and 2i+1 share the frequency max_wavelength^(-2i/d).
         frequencies = ops.repeat(_inverse_frequencies(self.max_wavelength, depth), 2)
@@ -130,8 +135,17 @@ class LearnedPositionalEmbedding(_PositionLayer):
 
     Returns:
         Rows `start_index .. start_index + T - 1` of the table, broadcast to
-        `inputs`' shape. A static `T` (plus an int `start_index`) beyond
-        `sequence_length` raises `ValueError`.
+        `inputs`' shape.
+
+        Past the end of the table: when `T` and `start_index` are known at
+        call time (eager calls, static shapes, an int or eager
+        `start_index`), `start_index + T > sequence_length` or a negative
+        `start_index` raises `ValueError`. When they are only known at run
+        time (a compiled function with a dynamic length or a tensor
+        `start_index`), a TensorFlow graph raises `InvalidArgumentError` with
+        the same message; where no run-time check can run (XLA, i.e.
+        `jit_compile=True`), the rows past the end are NaN. Never a silently
+        clamped or repeated row.
 
     Example:
 
@@ -150,7 +164,10 @@ class LearnedPositionalEmbedding(_PositionLayer):
         self.initializer = keras.initializers.get(initializer)
 
     def _check_length(self, length, start_index=0):
-        if length is None or not isinstance(start_index, int):
+        """`ValueError` when the positions are known now and not all in the table."""
+        if start_index is not None and start_index < 0:
+            raise ValueError(f"`start_index` must be >= 0. Received: start_index={start_index}")
+        if length is None or start_index is None:
             return
         if start_index + length > self.sequence_length:
             raise ValueError(
@@ -158,6 +175,19 @@ class LearnedPositionalEmbedding(_PositionLayer):
                 f"input length={length}, start_index={start_index}, "
                 f"sequence_length={self.sequence_length}"
             )
+
+    def _assert_fits(self, end):
+        """The run-time form of `_check_length`, in a TensorFlow graph (XLA skips it)."""
+        if keras.backend.backend() != "tensorflow":
+            return
+        import tensorflow as tf
+
+        tf.debugging.assert_less_equal(
+            tf.cast(end, "int32"),
+            self.sequence_length,
+            message="The input sequence does not fit in `sequence_length` positions "
+            f"(start_index + input length <= sequence_length={self.sequence_length})",
+        )
 
     def build(self, inputs_shape):
         _check_input_shape("inputs", inputs_shape, (3,))
@@ -170,11 +200,21 @@ class LearnedPositionalEmbedding(_PositionLayer):
         self.built = True
 
     def call(self, inputs, start_index=0):
-        self._check_length(inputs.shape[1], start_index)
-        start = ops.cast(start_index, "int32")
-        rows = ops.slice(
-            self.embeddings, (start, 0), (ops.shape(inputs)[1], inputs.shape[-1])
-        )  # (T, d)
+        check_floating("inputs", inputs)
+        if inputs.shape[-1] != self.embeddings.shape[1]:
+            raise ValueError(
+                f"`inputs` must have width {self.embeddings.shape[1]}, the width this layer "
+                f"was built for. Received: inputs.shape={tuple(inputs.shape)}"
+            )
+        start = _static_int(start_index)
+        self._check_length(inputs.shape[1], start)
+        length, first = ops.shape(inputs)[1], ops.cast(start_index, "int32")
+        if start is None or inputs.shape[1] is None:  # only known at run time
+            self._assert_fits(first + length)
+        positions = ops.arange(length, dtype="int32") + first  # (T,)
+        inside = ops.logical_and(positions >= 0, positions < self.sequence_length)
+        rows = ops.take(self.embeddings, ops.clip(positions, 0, self.sequence_length - 1), axis=0)
+        rows = ops.where(ops.expand_dims(inside, -1), rows, float("nan"))  # (T, d)
         return ops.broadcast_to(ops.cast(rows, inputs.dtype), ops.shape(inputs))
 
     def get_config(self):
@@ -226,8 +266,8 @@ class RotaryEmbedding(_PositionLayer):
 
     def __init__(self, max_wavelength=10000, scaling_factor=1.0, **kwargs):
         super().__init__(**kwargs)
-        self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
-        self.scaling_factor = _check_positive_number("scaling_factor", scaling_factor)
+        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
+        self.scaling_factor = check_positive_number("scaling_factor", scaling_factor)
 
     def build(self, inputs_shape):
         _check_input_shape("inputs", inputs_shape, (3, 4), even=True)
@@ -235,6 +275,7 @@ class RotaryEmbedding(_PositionLayer):
 
     def call(self, inputs, start_index=0):
         _check_input_shape("inputs", inputs.shape, (3, 4), even=True)
+        check_floating("inputs", inputs)
         rank, depth = len(inputs.shape), inputs.shape[-1]
         positions = _positions(ops.shape(inputs)[1], start_index) / self.scaling_factor
         angles = ops.outer(positions, _inverse_frequencies(self.max_wavelength, depth))
@@ -318,7 +359,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.position = position
         self.mask_zero = bool(mask_zero)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        self.max_wavelength = _check_positive_number("max_wavelength", max_wavelength)
+        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
 
         self.token_embedding = keras.layers.Embedding(
             vocab_size,

@@ -28,6 +28,15 @@ class Score(keras.layers.Layer):
     def compute_output_shape(self, query_shape, key_shape):
         return tuple(query_shape[:-1]) + (key_shape[-2],)
 
+    def check_built_widths(self, query, key, query_width, key_width):
+        """`ValueError` unless the inputs have the widths the weights were built for."""
+        for name, x, width in (("query", query, query_width), ("key", key, key_width)):
+            if x.shape[-1] is not None and x.shape[-1] != width:
+                raise ValueError(
+                    f"`{name}` must have width {width}, the width this layer was built for. "
+                    f"Received: {name}.shape={tuple(x.shape)}"
+                )
+
 
 @_REGISTRY
 class DotScore(Score):
@@ -46,8 +55,10 @@ class ScaledDotScore(Score):
 
     def __init__(self, scale=None, **kwargs):
         super().__init__(**kwargs)
-        if scale is not None and not isinstance(scale, (int, float)):
+        if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)):
             raise TypeError(f"`scale` must be a number or None. Received: scale={scale!r}")
+        if scale is not None and not 0 < scale < float("inf"):
+            raise ValueError(f"`scale` must be positive and finite. Received: scale={scale!r}")
         self.scale = scale
 
     def build(self, query_shape, key_shape):
@@ -80,7 +91,9 @@ class AdditiveScore(Score):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if units is not None and (not isinstance(units, int) or units <= 0):
+        if units is not None and (
+            not isinstance(units, int) or isinstance(units, bool) or units <= 0
+        ):
             raise ValueError(
                 f"`units` must be a positive integer or None. Received: units={units!r}"
             )
@@ -113,6 +126,7 @@ class AdditiveScore(Score):
         )
 
     def call(self, query, key):
+        self.check_built_widths(query, key, self.query_kernel.shape[0], self.key_kernel.shape[0])
         projected_query = kops.matmul(query, self.query_kernel)  # (B, Tq, units)
         projected_key = kops.matmul(key, self.key_kernel)  # (B, Tv, units)
         if self.bias is not None:
@@ -148,6 +162,7 @@ class BilinearScore(Score):
         )
 
     def call(self, query, key):
+        self.check_built_widths(query, key, *self.kernel.shape)
         return ops.bilinear_score(query, key, self.kernel)
 
     def get_config(self):
@@ -176,7 +191,13 @@ def get(identifier, dtype=None):
             )
         return SCORES[identifier](dtype=dtype)
     if isinstance(identifier, dict):
-        return keras.saving.deserialize_keras_object(identifier)
+        score = keras.saving.deserialize_keras_object(identifier)
+        if not isinstance(score, Score):
+            raise TypeError(
+                "A `score` config must deserialize to a keras_attn.scores.Score layer. "
+                f"Received: {type(score).__name__} from config {identifier!r}"
+            )
+        return score
     raise TypeError(
         f"`score` must be a string, a config dict or a Score layer. Received: "
         f"score={identifier!r} of type {type(identifier).__name__}"

@@ -10,7 +10,15 @@ usually ends with one more `LayerNormalization`). Residuals go through
 
 import keras
 
-from keras_attn.base import check_positive_int, check_rate
+from keras_attn.base import (
+    check_dim,
+    check_floating,
+    check_mask_dtype,
+    check_positive_int,
+    check_positive_number,
+    check_rank,
+    check_rate,
+)
 from keras_attn.multi_head_attention import MultiHeadAttention
 
 
@@ -149,8 +157,15 @@ class _TransformerBlock(keras.layers.Layer):
             raise TypeError(f"`norm_first` must be a bool. Received: norm_first={norm_first!r}")
         self.norm_first = norm_first
         self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
-        self.num_key_value_heads = num_key_value_heads
-        self.layer_norm_epsilon = layer_norm_epsilon
+        self.num_key_value_heads = check_positive_int(
+            "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
+        if num_heads % (num_key_value_heads or num_heads):
+            raise ValueError(
+                "`num_key_value_heads` must divide `num_heads`. Received: "
+                f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
+            )
+        self.layer_norm_epsilon = check_positive_number("layer_norm_epsilon", layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.rotary_embedding = rotary_embedding
@@ -158,11 +173,16 @@ class _TransformerBlock(keras.layers.Layer):
         self.supports_masking = True
         self._add = keras.layers.Add(dtype=self.dtype_policy)
 
-    def _model_dim(self, shape, name):
+    def _model_dim(self, shape, name, built_width=None):
         width = shape[-1]
         if len(shape) != 3 or width is None:
             raise ValueError(
                 f"`{name}` must have shape (batch, length, features) with known features. "
+                f"Received: {name}.shape={tuple(shape)}"
+            )
+        if built_width is not None and width != built_width:
+            raise ValueError(
+                f"`{name}` must have width {built_width}, the width this block was built for. "
                 f"Received: {name}.shape={tuple(shape)}"
             )
         if self.key_dim is None and width % self.num_heads:
@@ -171,6 +191,17 @@ class _TransformerBlock(keras.layers.Layer):
                 f"({self.num_heads}) when `key_dim` is not given."
             )
         return width
+
+    def _check_sequence(self, name, sequence, built_width, mask_name, mask):
+        """Call-time checks of a sequence (rank, built width, float) and its padding mask."""
+        self._model_dim(sequence.shape, name, built_width)
+        check_floating(name, sequence)
+        if mask is None:
+            return
+        check_mask_dtype(mask_name, mask)
+        check_rank(mask_name, mask.shape, (2,))
+        check_dim(mask_name, mask.shape[1], name, sequence.shape[1], "length")
+        check_dim(mask_name, mask.shape[0], name, sequence.shape[0], "batch size")
 
     def _attention(self, width, name, rotary_embedding=None):
         return MultiHeadAttention(
@@ -290,7 +321,7 @@ class TransformerEncoderBlock(_TransformerBlock):
         + _BLOCK_ARGS
         + """
     Call arguments:
-        inputs: `(B, T, d_model)`.
+        inputs: float `(B, T, d_model)`, `d_model` as when the block was built.
         padding_mask: bool `(B, T)`, `True` = real token. By default the
             implicit Keras mask of `inputs` (e.g. from
             `TokenAndPositionEmbedding(mask_zero=True)`).
@@ -320,6 +351,7 @@ class TransformerEncoderBlock(_TransformerBlock):
 
     def build(self, inputs_shape):
         width = self._model_dim(inputs_shape, "inputs")
+        self._width = width
         self.self_attention = self._attention(width, "self_attention", self.rotary_embedding)
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_norm, self.self_attention_dropout = self._norm_and_dropout(
@@ -337,6 +369,7 @@ class TransformerEncoderBlock(_TransformerBlock):
         return_attention_scores=False,
         training=None,
     ):
+        self._check_sequence("inputs", inputs, self._width, "padding_mask", padding_mask)
         weights = []
 
         def attend(x):

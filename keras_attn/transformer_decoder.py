@@ -97,6 +97,7 @@ class TransformerDecoderBlock(_TransformerBlock):
 
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         width = self._model_dim(decoder_sequence_shape, "decoder_sequence")
+        self._width, self._source_width = width, None
         self.self_attention = self._attention(width, "self_attention", self.rotary_embedding)
         self.self_attention.build(decoder_sequence_shape, decoder_sequence_shape)
         self.self_attention_norm, self.self_attention_dropout = self._norm_and_dropout(
@@ -104,7 +105,7 @@ class TransformerDecoderBlock(_TransformerBlock):
         )
         self.cross_attention = None
         if encoder_sequence_shape is not None:
-            self._model_dim(encoder_sequence_shape, "encoder_sequence")
+            self._source_width = self._model_dim(encoder_sequence_shape, "encoder_sequence")
             self.cross_attention = self._attention(width, "cross_attention")
             self.cross_attention.build(decoder_sequence_shape, encoder_sequence_shape)
             self.cross_attention_norm, self.cross_attention_dropout = self._norm_and_dropout(
@@ -153,6 +154,15 @@ class TransformerDecoderBlock(_TransformerBlock):
         self._check_sources(
             encoder_sequence, cross_attention_cache, cached, self_attention_cache_update_index
         )
+        self._check_sequence(
+            "decoder_sequence", decoder_sequence, self._width, "decoder_padding_mask",
+            decoder_padding_mask,
+        )  # fmt: skip
+        if encoder_sequence is not None:
+            self._check_sequence(
+                "encoder_sequence", encoder_sequence, self._source_width, "encoder_padding_mask",
+                encoder_padding_mask,
+            )  # fmt: skip
         weights, caches = [], []
 
         def self_attend(x):

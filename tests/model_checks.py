@@ -93,3 +93,11 @@ def check_model(
     _assert_all_close(_flat(served), reference, atol, "SavedModel output differs")
     del loaded
     return model
+
+
+def padded_tokens(rng, batch, length, vocab, min_length=2):
+    """Random token ids `3..vocab-1` `(batch, length)`, each row right-padded with 0."""
+    tokens = rng.integers(3, vocab, size=(batch, length)).astype("int32")
+    for row, size in zip(tokens, rng.integers(min_length, length + 1, size=batch), strict=True):
+        row[size:] = 0
+    return tokens

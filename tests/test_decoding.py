@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from model_checks import padded_tokens
 from models import beam_search, export_seq2seq, greedy_decode, rnn_seq2seq, transformer_seq2seq
 
 START, END = 1, 2
@@ -16,13 +17,6 @@ rng = np.random.default_rng(0)
 
 def np_(x):
     return keras.ops.convert_to_numpy(x)
-
-
-def padded_tokens(batch, length, vocab, min_length=2):
-    tokens = rng.integers(3, vocab, size=(batch, length)).astype("int32")
-    for row, size in zip(tokens, rng.integers(min_length, length + 1, size=batch), strict=True):
-        row[size:] = 0
-    return tokens
 
 
 BUILDERS = {
@@ -56,14 +50,14 @@ def uncached_greedy(model, source, max_length):
 @pytest.mark.parametrize("kind", list(BUILDERS))
 def test_step_by_step_greedy_decoding_equals_the_full_model(kind):
     model = small_seq2seq(kind)
-    source = padded_tokens(4, 8, 12)
+    source = padded_tokens(rng, 4, 8, 12)
     cached = np_(greedy_decode(model, source, max_length=6, start_id=START))
     np.testing.assert_array_equal(cached, uncached_greedy(model, source, 6))
 
 
 def test_greedy_stops_at_the_end_token_and_pads():
     model = small_seq2seq()
-    source = padded_tokens(4, 8, 12)
+    source = padded_tokens(rng, 4, 8, 12)
     free = np_(greedy_decode(model, source, max_length=6, start_id=START))
     end_id = int(free[0, 2])  # make the third token of example 0 the end token
     stopped = np_(greedy_decode(model, source, max_length=6, start_id=START, end_id=end_id))
@@ -77,7 +71,7 @@ def test_greedy_stops_at_the_end_token_and_pads():
 @pytest.mark.parametrize("kind", ["transformer", "rnn_additive_lstm"])
 def test_beam_search_width_one_equals_greedy(kind):
     model = small_seq2seq(kind)
-    source = padded_tokens(4, 8, 12)
+    source = padded_tokens(rng, 4, 8, 12)
     greedy = np_(greedy_decode(model, source, max_length=6, start_id=START, end_id=END))
     beam, _ = beam_search(model, source, 6, start_id=START, end_id=END, beam_width=1)
     np.testing.assert_array_equal(beam, greedy)
@@ -105,7 +99,7 @@ def exhaustive_best(model, source, max_length, vocab, alpha):
 def test_wide_beam_search_finds_the_exhaustive_optimum(kind, alpha):
     vocab, max_length = 4, 3
     model = small_seq2seq(kind, vocab=vocab)
-    source = padded_tokens(3, 5, vocab)
+    source = padded_tokens(rng, 3, 5, vocab)
     _, scores = beam_search(
         model, source, max_length, START, END, beam_width=vocab**max_length, length_penalty=alpha
     )
@@ -116,13 +110,13 @@ def test_wide_beam_search_finds_the_exhaustive_optimum(kind, alpha):
 @pytest.mark.parametrize("kind", ["transformer", "rnn_additive_lstm"])
 def test_export_decodes_in_the_graph(kind, tmp_path):
     model = small_seq2seq(kind)
-    source = padded_tokens(3, 8, 12)
+    source = padded_tokens(rng, 3, 8, 12)
     path = os.path.join(str(tmp_path), "seq2seq")
     export_seq2seq(model, path, max_length=6, start_id=START, end_id=END)
     loaded = tf.saved_model.load(path)
     expected = np_(greedy_decode(model, source, 6, START, END))
     np.testing.assert_array_equal(loaded.greedy_decode(tf.constant(source)).numpy(), expected)
-    x = {"encoder_inputs": source, "decoder_inputs": padded_tokens(3, 5, 12)}
+    x = {"encoder_inputs": source, "decoder_inputs": padded_tokens(rng, 3, 5, 12)}
     served = loaded.serve({k: tf.constant(v) for k, v in x.items()})
     np.testing.assert_allclose(served.numpy(), np_(model(x)), atol=1e-5)
 

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from model_checks import check_model
+from model_checks import check_model, padded_tokens
 from models import greedy_decode, transformer_classifier, transformer_seq2seq
 
 START, END = 1, 2
@@ -13,13 +13,6 @@ rng = np.random.default_rng(0)
 
 def np_(x):
     return keras.ops.convert_to_numpy(x)
-
-
-def padded_tokens(batch, length, vocab, min_length=2):
-    tokens = rng.integers(3, vocab, size=(batch, length)).astype("int32")
-    for row, size in zip(tokens, rng.integers(min_length, length + 1, size=batch), strict=True):
-        row[size:] = 0
-    return tokens
 
 
 @pytest.mark.parametrize(
@@ -32,7 +25,7 @@ def test_transformer_classifier_model_checks(pooling, position, norm_first, tmp_
         d_model=16, intermediate_dim=32, pooling=pooling, position=position,
         norm_first=norm_first,
     )  # fmt: skip
-    x = padded_tokens(16, 9, 20)
+    x = padded_tokens(rng, 16, 9, 20)
     y = rng.integers(0, 3, size=16)
     check_model(
         model, x, y, tmp_path=tmp_path,
@@ -51,7 +44,7 @@ def test_transformer_classifier_bad_pooling():
 
 
 def seq2seq_data(batch, length, vocab):
-    source = padded_tokens(batch, length, vocab)
+    source = padded_tokens(rng, batch, length, vocab)
     target = np.where(source != 0, source[:, ::-1], 0)  # placeholder content, any tokens
     decoder_inputs = np.concatenate([np.full((batch, 1), START, "int32"), target[:, :-1]], 1)
     return {"encoder_inputs": source, "decoder_inputs": decoder_inputs}, target
