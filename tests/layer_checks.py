@@ -4,30 +4,14 @@ It never branches on the layer's type; what differs between layers is described
 by the arguments (inputs, masks and which inputs they cover, call options).
 """
 
-import os
-
 import keras
 import numpy as np
-import tensorflow as tf
+
+from keras_attn import testing
 
 
 def _as_list(x):
     return list(x) if isinstance(x, (tuple, list)) else [x]
-
-
-def _expand_to(mask, shape):
-    """`mask` with trailing axes added so it broadcasts against `shape`."""
-    return mask.reshape(mask.shape + (1,) * (len(shape) - mask.ndim))
-
-
-def _perturb(x, where, rng):
-    """Returns `x` with new values at `where` (bool, broadcast on x's leading axes)."""
-    where = _expand_to(np.asarray(where, bool), x.shape)
-    if np.issubdtype(x.dtype, np.integer):
-        noise = x + rng.integers(1, 5, size=x.shape).astype(x.dtype)
-    else:
-        noise = (x + rng.normal(0, 3, size=x.shape)).astype(x.dtype)
-    return np.where(where, noise, x)
 
 
 def _assert_all_close(actual, expected, atol, msg):
@@ -118,53 +102,17 @@ def check_layer(
     _assert_all_close(reference, eager, atol, "functional model differs from eager call")
 
     # 3. Mask invariance: padded content changes nothing (visible).
-    def visible(outputs):
-        if output_mask is None:
-            return _as_list(outputs)
-        keep = np.asarray(masks[output_mask], bool)
-        return [
-            np.where(_expand_to(keep, out.shape), keras.ops.convert_to_numpy(out), 0.0)
-            if tuple(out.shape[:2]) == keep.shape
-            else out
-            for out in _as_list(outputs)
-        ]
-
     for mask_name, covered in mask_covers.items():
-        padded = ~np.asarray(masks[mask_name], bool)
-        changed = dict(feed)
-        for name in covered:
-            changed[name] = _perturb(feed[name], padded, rng)
-        _assert_all_close(
-            visible(model(changed)),
-            visible(reference),
-            atol,
-            f"changing inputs {covered} where {mask_name} is False changed the output",
+        testing.assert_padding_invariance(
+            model, feed, {name: mask_name for name in covered}, output_mask=output_mask, atol=atol
         )
 
     # 4. Causal invariance: the future does not reach the past.
     if causal:
-        length = next(iter(inputs.values())).shape[1]
-        t = length // 2
-        future = np.zeros(next(iter(inputs.values())).shape[:2], bool)
-        future[:, t:] = True
-        changed = dict(feed)
-        for name, value in inputs.items():
-            changed[name] = _perturb(value, future, rng)
-        for a, b in zip(_as_list(model(changed)), _as_list(reference), strict=True):
-            _assert_all_close(a[:, :t], b[:, :t], atol, "a future position changed the past")
+        testing.assert_causal_invariance(model, feed, sequences=list(inputs), atol=atol)
 
-    # 5. `.keras` save and reload with safe_mode=True, no custom_objects.
-    path = os.path.join(str(tmp_path), "layer_check.keras")
-    model.save(path)
-    reloaded = keras.saving.load_model(path, safe_mode=True)
-    _assert_all_close(reloaded(feed), reference, atol, ".keras reload changed the output")
-
-    # 6. SavedModel export and reload.
-    export_dir = os.path.join(str(tmp_path), "layer_check_savedmodel")
-    model.export(export_dir, verbose=False)
-    loaded = tf.saved_model.load(export_dir)  # keep a reference: it owns the variables
-    served = loaded.serve({name: tf.constant(value) for name, value in feed.items()})
-    _assert_all_close(served, reference, atol, "SavedModel output differs")
+    # 5, 6. `.keras` reload with safe_mode=True (no custom_objects), SavedModel export.
+    testing.assert_save_reload_equal(model, feed, directory=str(tmp_path), atol=atol)
 
     # 7. One fit step lowers the loss (on the first output).
     assert bool(layer.trainable_weights) == expect_trainable, layer.trainable_weights
@@ -209,18 +157,7 @@ def check_fully_masked_rows(layer, inputs, empty_example, *, jit=False, **call_k
         jit: run the step under `tf.function(jit_compile=True)`.
         **call_kwargs: masks and other call arguments.
     """
-    layer(**inputs, **call_kwargs)  # build, so the weights exist before tracing
-
-    @tf.function(jit_compile=jit)
-    def step(tensors):
-        with tf.GradientTape() as tape:
-            tape.watch(tensors)
-            out = layer(**tensors, **call_kwargs)
-            loss = tf.reduce_sum(tf.cast(out, "float32") ** 2)
-        return out, tape.gradient(loss, [tensors, layer.trainable_weights])
-
-    out, grads = step({name: tf.constant(value) for name, value in inputs.items()})
-    assert out.dtype == layer.compute_dtype
-    assert np.all(keras.ops.convert_to_numpy(tf.cast(out, "float32"))[empty_example] == 0)
-    for grad in tf.nest.flatten(grads):
-        assert np.all(np.isfinite(keras.ops.convert_to_numpy(tf.cast(grad, "float32"))))
+    testing.assert_fully_masked_rows_safe(
+        layer, inputs, empty=empty_example, call_kwargs=call_kwargs, jit_compile=jit
+    )
+    assert layer(**inputs, **call_kwargs).dtype == layer.compute_dtype

@@ -4,13 +4,11 @@ Like `layer_checks.check_layer`, it never branches on the model's type; what
 differs between models is described by the arguments (data, loss, weights).
 """
 
-import os
-
 import keras
 import numpy as np
 import tensorflow as tf
 
-from layer_checks import _assert_all_close
+from keras_attn import testing
 
 
 def _flat(outputs):
@@ -75,23 +73,10 @@ def check_model(
     model.fit(x, y, sample_weight=sample_weight, epochs=steps, batch_size=batch_size, verbose=0)
     after = model.evaluate(x, y, sample_weight=sample_weight, **evaluate)["loss"]
     assert np.isfinite(after) and after < before, (before, after)
-    reference = _flat(model(x, training=False))
 
-    # 3. `.keras` save and reload with safe_mode=True, no custom_objects.
-    path = os.path.join(str(tmp_path), "model_check.keras")
-    model.save(path)
-    reloaded = keras.saving.load_model(path, safe_mode=True)
-    _assert_all_close(
-        _flat(reloaded(x, training=False)), reference, atol, ".keras reload changed the output"
-    )
-
-    # 4. SavedModel export and reload.
-    export_dir = os.path.join(str(tmp_path), "model_check_savedmodel")
-    model.export(export_dir, verbose=False)
-    loaded = tf.saved_model.load(export_dir)  # keep a reference: it owns the variables
-    served = loaded.serve(tf.nest.map_structure(tf.constant, x))
-    _assert_all_close(_flat(served), reference, atol, "SavedModel output differs")
-    del loaded
+    # 3, 4. `.keras` reload with safe_mode=True (no custom_objects), SavedModel serving.
+    inputs = x if isinstance(x, dict) else {model.inputs[0].name: x}
+    testing.assert_save_reload_equal(model, inputs, directory=str(tmp_path), atol=atol)
     return model
 
 
