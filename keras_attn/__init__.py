@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from keras_attn import ops, scores
+from keras_attn import chunked, ops, scores
 from keras_attn.additive_attention import AdditiveAttention
 from keras_attn.base import ScoreAttention
 from keras_attn.bilinear_attention import BilinearAttention
@@ -39,6 +39,7 @@ __all__ = [
     "TokenAndPositionEmbedding",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
+    "chunked",
     "ops",
     "scores",
 ]

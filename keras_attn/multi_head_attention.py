@@ -7,12 +7,15 @@ from keras_attn import ops
 from keras_attn.base import (
     check_dim,
     check_input_shapes,
+    check_masks,
     check_positive_int,
     check_rank,
     check_rate,
     finish_outputs,
     prepare_inputs,
 )
+from keras_attn.chunked import chunked_attention
+from keras_attn.fused import MatmulEinsumDense
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -57,6 +60,16 @@ class MultiHeadAttention(keras.layers.Layer):
         rotary_embedding: `None`, or a `keras_attn.RotaryEmbedding` applied to
             each query and key head before the scores (positions from 0, or
             from `cache_update_index` for the new tokens of a cached call).
+        implementation: `"auto"` (default), `"dense"` or `"chunked"`. The
+            chunked path (`keras_attn.chunked`) never forms the
+            `(B, h, Tq, Tv)` weights, in the forward or the backward pass:
+            memory grows as `Tq` instead of `Tq * Tv`, and padding and causal
+            masks are applied per key block. `"auto"` takes it when the
+            weights are not requested, no dropout is active and the
+            `(B, h, Tq, Tv)` weights would hold
+            `keras_attn.ops.CHUNKED_MIN_SCORES` values (2^28, 1 GiB in
+            float32; at B=1 and 8 heads from L=8192) or more. The result is
+            the same either way (to float rounding).
         seed: dropout seed.
 
     Call arguments:
@@ -113,6 +126,7 @@ class MultiHeadAttention(keras.layers.Layer):
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         rotary_embedding=None,
+        implementation="auto",
         seed=None,
         **kwargs,
     ):
@@ -144,13 +158,17 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"`rotary_embedding`. Received: key_dim={key_dim}"
             )
         self.rotary_embedding = rotary_embedding
+        # Checks the name, and that "chunked" comes without dropout.
+        ops.choose_implementation(implementation, (None, None), self.dropout, True)
+        self.implementation = implementation
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.supports_masking = True
 
     def _einsum_dense(self, equation, output_shape, bias_axes, name):
-        layer = keras.layers.EinsumDense(
+        layer = MatmulEinsumDense(
             equation,
+            contract_axes=2 if name == "attention_output" else 1,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
             kernel_initializer=self.kernel_initializer,
@@ -257,17 +275,87 @@ class MultiHeadAttention(keras.layers.Layer):
         if value is None:
             raise ValueError("`value` is required unless a precomputed `cache` is passed.")
         key = value if key is None else key
+        query_length = 1 if len(query.shape) == 2 else query.shape[1]
+        implementation = self._implementation(
+            (query.shape[0], query_length, value.shape[1]), return_attention_scores, training
+        )
+        if implementation == "chunked":
+            return self._call_chunked(
+                query, value, key, query_mask, value_mask, attention_mask, use_causal_mask
+            )
         query, mask, single_query = prepare_inputs(
             query, value, query_mask, value_mask, attention_mask, use_causal_mask
         )  # mask: (B, Tq, Tv) or None
         q = self._heads(self._rotate(self.query_dense(query)))  # (B, h, Tq, dk)
         k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
         v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
-        output, weights = self._attend(q, k, v, mask, training)
+        output, weights = self._attend(
+            q, k, v, mask, training, return_weights=return_attention_scores
+        )
+        if weights is None:  # not requested: zero the rows that see nothing, as finish_outputs
+            mask = None if mask is None else ops.visible_rows(mask)
+            return self._finish(output, mask, single_query)
         return finish_outputs(output, weights, mask, single_query, return_attention_scores)
 
-    def _attend(self, q, k, v, mask, training):
-        """Per-head attention and output projection: `(B, Tq, out)`, weights `(B, h, Tq, Tv)`."""
+    def _implementation(self, shape, return_attention_scores, training):
+        """`"dense"` or `"chunked"` for a call with static `(B, Tq, Tv)` (see `implementation`)."""
+        if return_attention_scores:
+            if self.implementation == "chunked":
+                raise ValueError(
+                    "implementation='chunked' never forms the attention weights: call with "
+                    "return_attention_scores=False, or use implementation='auto'."
+                )
+            return "dense"
+        batch, query_length, value_length = shape
+        return ops.choose_implementation(
+            self.implementation,
+            (batch, self.num_heads, query_length, value_length),
+            self.dropout,
+            training,
+        )
+
+    def _call_chunked(
+        self, query, value, key, query_mask, value_mask, attention_mask, use_causal_mask
+    ):
+        """The call on the chunked path: no `(Tq, Tv)` tensor unless `attention_mask` is one."""
+        single_query = len(query.shape) == 2
+        if single_query:
+            query = kops.expand_dims(query, 1)  # (B, 1, dq)
+            query_mask = None if query_mask is None else kops.reshape(query_mask, (-1, 1))
+            if attention_mask is not None:
+                check_rank("attention_mask", attention_mask.shape, (2,))
+                attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
+        check_masks(query, value, query_mask, value_mask, attention_mask)
+        q = self._heads(self._rotate(self.query_dense(query)))  # (B, h, Tq, dk)
+        k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
+        v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
+        # Padded keys as (B, 1, 1, Tv); padded queries are zeroed after the projection.
+        mask = ops.merge_masks(
+            None if value_mask is None else value_mask[:, None, None, :],
+            None if attention_mask is None else kops.expand_dims(attention_mask, 1),
+        )
+        heads = chunked_attention(
+            q, self._repeat_kv(k), self._repeat_kv(v), mask, is_causal=use_causal_mask
+        )  # (B, h, Tq, dv)
+        rows = ops.visible_query_rows(
+            kops.shape(query)[1], kops.shape(value)[1], query_mask, value_mask,
+            attention_mask, use_causal_mask,
+        )  # fmt: skip
+        return self._finish(
+            self.output_dense(kops.transpose(heads, (0, 2, 1, 3))), rows, single_query
+        )
+
+    def _finish(self, output, rows, single_query):
+        """`finish_outputs` without weights: zero the rows that see nothing `(B, Tq, 1)`."""
+        if rows is not None:
+            output = kops.where(rows, output, kops.zeros_like(output))
+        return output[:, 0] if single_query else output
+
+    def _attend(self, q, k, v, mask, training, implementation="dense", return_weights=True):
+        """Per-head attention and output projection: `(B, Tq, out)`, weights `(B, h, Tq, Tv)`.
+
+        The weights are `None` on the chunked path and when not requested.
+        """
         heads, weights = ops.attention(
             q,
             self._repeat_kv(k),
@@ -276,6 +364,8 @@ class MultiHeadAttention(keras.layers.Layer):
             dropout_rate=self.dropout,
             training=training,
             seed=self.seed_generator,
+            implementation=implementation,
+            return_weights=return_weights,
         )
         return self.output_dense(kops.transpose(heads, (0, 2, 1, 3))), weights
 
@@ -337,8 +427,16 @@ class MultiHeadAttention(keras.layers.Layer):
                       "length (axis 2 of the mask, axis 2 of the cache)")  # fmt: skip
             mask = ops.merge_masks(mask, attention_mask)
         q = self._heads(self._rotate(self.query_dense(query), start))  # (B, h, Tq, dk)
-        output, weights = self._attend(q, key_cache, value_cache, mask, training)
-        outputs = finish_outputs(output, weights, mask, False, return_attention_scores)
+        implementation = self._implementation(
+            (query.shape[0], query.shape[1], key_cache.shape[2]), return_attention_scores, training
+        )
+        output, weights = self._attend(
+            q, key_cache, value_cache, mask, training, implementation, return_attention_scores
+        )
+        if weights is None:
+            outputs = self._finish(output, None if mask is None else ops.visible_rows(mask), False)
+        else:
+            outputs = finish_outputs(output, weights, mask, False, return_attention_scores)
         outputs = outputs if return_attention_scores else (outputs,)
         return (*outputs, (key_cache, value_cache))
 
@@ -375,6 +473,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "rotary_embedding": None
                 if self.rotary_embedding is None
                 else keras.saving.serialize_keras_object(self.rotary_embedding),
+                "implementation": self.implementation,
                 "seed": self.seed,
             }
         )

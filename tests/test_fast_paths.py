@@ -1,0 +1,234 @@
+"""The fast dense paths equal the reference paths: fused attention core and matmul projections."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_attn
+from keras_attn import ops
+from keras_attn.fused import MatmulEinsumDense, fused_attention
+from layer_checks import check_fully_masked_rows
+from numpy_reference import attend, causal, scaled_dot_scores
+
+rng = np.random.default_rng(0)
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(tf.cast(x, "float32"))
+
+
+def qkv(tq=7, tv=9, lead=(2, 3), dk=8, dv=5, dtype="float32"):
+    shapes = [(*lead, tq, dk), (*lead, tv, dk), (*lead, tv, dv)]
+    return [tf.constant(rng.normal(size=s).astype("float32"), dtype) for s in shapes]
+
+
+def value_and_grads(fn, q, k, v, cotangent, jit=False):
+    @tf.function(jit_compile=jit)
+    def run(q, k, v):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            out = fn(q, k, v)
+            loss = tf.reduce_sum(tf.cast(out, "float32") * cotangent)
+        return out, tape.gradient(loss, [q, k, v])
+
+    out, grads = run(q, k, v)
+    return np_(out), [np_(g) for g in grads]
+
+
+def reference(mask=None, is_causal=False, scale=None):
+    return lambda q, k, v: ops.attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)[0]
+
+
+def fused(mask=None, is_causal=False, scale=None):
+    return lambda q, k, v: fused_attention(q, k, v, mask, is_causal, scale)
+
+
+# -- fused_attention -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("tq,tv,is_causal", [(7, 9, False), (7, 9, True), (9, 7, True)])
+def test_fused_equals_reference_values_and_gradients(tq, tv, is_causal, jit):
+    q, k, v = qkv(tq, tv)
+    mask = rng.random((2, 1, tq, tv)) > 0.3
+    cotangent = tf.constant(rng.normal(size=(2, 3, tq, 5)).astype("float32"))
+    for m in (None, mask):
+        got, got_grads = value_and_grads(fused(m, is_causal), q, k, v, cotangent, jit)
+        ref, ref_grads = value_and_grads(reference(m, is_causal), q, k, v, cotangent)
+        np.testing.assert_allclose(got, ref, atol=1e-5)
+        for a, b in zip(got_grads, ref_grads, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_fused_matches_numpy_and_key_padding_mask():
+    q, k, v = qkv()
+    key_padding = np.ones((2, 1, 1, 9), bool)
+    key_padding[1, ..., 4:] = False
+    out = np_(fused_attention(q, k, v, key_padding.astype("int32"), scale=0.5))
+    ref, _ = attend(scaled_dot_scores(np_(q), np_(k), 0.5), np_(v), key_padding)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+    out = np_(fused_attention(q, k, v, is_causal=True))
+    ref, _ = attend(scaled_dot_scores(np_(q), np_(k)), np_(v), causal(7, 9))
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+
+
+def test_fused_fully_masked_rows_zero_with_zero_finite_gradients():
+    q, k, v = qkv()
+    mask = rng.random((2, 3, 7, 9)) > 0.5
+    mask[0, :, 2] = False
+    mask[1, 1] = False
+    cotangent = tf.constant(rng.normal(size=(2, 3, 7, 5)).astype("float32"))
+    out, (dq, dk, dv) = value_and_grads(fused(mask), q, k, v, cotangent)
+    ref, ref_grads = value_and_grads(reference(mask), q, k, v, cotangent)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+    assert np.all(out[0, :, 2] == 0) and np.all(out[1, 1] == 0)
+    assert np.all(dq[0, :, 2] == 0) and np.all(dq[1, 1] == 0)
+    assert np.all(dk[1, 1] == 0) and np.all(dv[1, 1] == 0)
+    for a, b in zip((dq, dk, dv), ref_grads, strict=True):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fused_low_precision_gradients_as_close_to_float32_as_the_reference(dtype):
+    q, k, v = qkv(tq=16, tv=24, dtype=dtype)
+    mask = rng.random((2, 1, 16, 24)) > 0.3
+    cotangent = tf.constant(rng.normal(size=(2, 3, 16, 5)).astype("float32"))
+    exact = value_and_grads(reference(mask, True), *(tf.cast(x, "float32") for x in (q, k, v)),
+                            cotangent)  # fmt: skip
+    low_ref = value_and_grads(reference(mask, True), q, k, v, cotangent)
+    low_fused = value_and_grads(fused(mask, True), q, k, v, cotangent)
+    assert fused_attention(q, k, v).dtype == dtype
+    for e, r, f in zip([exact[0], *exact[1]], [low_ref[0], *low_ref[1]],
+                       [low_fused[0], *low_fused[1]], strict=True):  # fmt: skip
+        error_ref, error_fused = np.abs(r - e).max(), np.abs(f - e).max()
+        assert error_fused <= 2 * error_ref + 1e-3 * np.abs(e).max(), (error_fused, error_ref)
+
+
+def test_ops_attention_return_weights_false():
+    q, k, v = qkv()
+    out, weights = ops.attention(q, k, v, is_causal=True, return_weights=False)
+    assert weights is None
+    np.testing.assert_allclose(np_(out), np_(reference(None, True)(q, k, v)), atol=1e-5)
+    # Active dropout: the reference path, still without weights.
+    out, weights = ops.attention(
+        q, k, v, dropout_rate=0.5, training=True, seed=3, return_weights=False
+    )
+    assert weights is None and out.shape == (2, 3, 7, 5)
+
+
+# -- matmul projections ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "equation,output_shape,bias_axes,contract,input_shape",
+    [
+        ("btd,dhk->bthk", (None, 3, 4), "hk", 1, (2, 5, 6)),
+        ("bthk,hko->bto", (None, 6), "o", 2, (2, 5, 3, 4)),
+    ],
+)
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_projection_equals_einsum_dense(
+    equation, output_shape, bias_axes, contract, input_shape, policy
+):
+    kwargs = dict(output_shape=output_shape, bias_axes=bias_axes, dtype=policy)
+    ours = MatmulEinsumDense(equation, contract_axes=contract, **kwargs)
+    theirs = keras.layers.EinsumDense(equation, **kwargs)
+    x = rng.normal(size=input_shape).astype("float32")
+    ours.build(input_shape)
+    theirs.build(input_shape)
+    assert [w.shape for w in ours.weights] == [w.shape for w in theirs.weights]
+    theirs.set_weights([rng.normal(size=w.shape).astype("float32") for w in theirs.weights])
+    ours.set_weights(theirs.get_weights())
+    results = []
+    for layer in (ours, theirs):
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            y = layer(xt)
+            loss = tf.reduce_sum(tf.cast(y, "float32") ** 2)
+        assert y.dtype == layer.compute_dtype
+        results.append([np_(t) for t in [y, *tape.gradient(loss, [xt, *layer.weights])]])
+    atol = 1e-4 if policy == "float32" else 0.05
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_allclose(a, b, atol=atol * max(1.0, np.abs(b).max()))
+    # Dynamic batch and length under tf.function.
+    spec = tf.TensorSpec((None, None, *input_shape[2:]), "float32")
+    dynamic = tf.function(ours, input_signature=[spec])
+    expected = results[0][0]
+    np.testing.assert_allclose(np_(dynamic(x)), expected, atol=atol * np.abs(expected).max())
+
+
+def test_quantized_projection_keeps_the_einsum_path():
+    layer = MatmulEinsumDense("btd,dhk->bthk", contract_axes=1, output_shape=(None, 2, 4),
+                        bias_axes="hk")  # fmt: skip
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    full = np_(layer(x))
+    layer.quantize("int8")
+    assert layer.quantization_mode == "int8"
+    np.testing.assert_allclose(np_(layer(x)), full, atol=0.1 * np.abs(full).max())
+
+
+# -- MultiHeadAttention on the fast paths ----------------------------------------
+
+
+X = rng.normal(size=(2, 6, 12)).astype("float32")
+X_MASK = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], bool)
+
+
+@pytest.mark.parametrize("use_causal_mask", [False, True])
+def test_mha_without_weights_equals_mha_with_weights(use_causal_mask):
+    """`return_attention_scores=False` runs the fused core; outputs and gradients agree."""
+    layer = keras_attn.MultiHeadAttention(num_heads=3, key_dim=4, num_key_value_heads=1)
+    layer(X, X)
+    kwargs = dict(query_mask=X_MASK, value_mask=X_MASK, use_causal_mask=use_causal_mask)
+    results = []
+    for scores in (False, True):
+        x = tf.constant(X)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = layer(x, x, return_attention_scores=scores, **kwargs)
+            out = out[0] if scores else out
+            loss = tf.reduce_sum(out**2)
+        results.append([np_(t) for t in [out, *tape.gradient(loss, [x, *layer.weights])]])
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+    assert np.all(results[0][0][1, 3:] == 0)  # padded query rows, after the output bias
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_mha_fused_path_fully_masked_rows(jit):
+    none_visible = X_MASK.copy()
+    none_visible[1] = False
+    check_fully_masked_rows(
+        keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, implementation="dense"),
+        {"query": X, "value": X},
+        empty_example=1,
+        jit=jit,
+        query_mask=X_MASK,
+        value_mask=none_visible,
+    )
+
+
+def test_mha_weights_layout_still_equals_keras():
+    theirs = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3, value_dim=5, output_shape=7)
+    ours = keras_attn.MultiHeadAttention(num_heads=2, key_dim=3, value_dim=5, output_dim=7)
+    theirs(X, X)
+    ours(X, X)
+    assert [w.path.split("/")[-2:] for w in ours.weights] == [
+        w.path.split("/")[-2:] for w in theirs.weights
+    ]
+    ours.set_weights(theirs.get_weights())
+    np.testing.assert_allclose(np_(ours(X, X)), np_(theirs(X, X)), atol=1e-5)
+
+
+def test_mha_save_and_reload_keeps_the_projections(tmp_path):
+    inputs = keras.Input((6, 12))
+    outputs = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)(inputs, inputs)
+    model = keras.Model(inputs, outputs)
+    path = str(tmp_path / "mha.keras")
+    model.save(path)
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_allclose(np_(reloaded(X)), np_(model(X)), atol=1e-6)
+    assert isinstance(reloaded.layers[-1].query_dense, MatmulEinsumDense)
