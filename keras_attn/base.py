@@ -13,6 +13,19 @@ from keras import ops as kops
 from keras_attn import ops, scores
 
 
+def serialize_optional_layer(layer):
+    """A sublayer argument (e.g. `rotary_embedding`) for `get_config`: `None` or its config."""
+    return None if layer is None else keras.saving.serialize_keras_object(layer)
+
+
+def deserialize_optional_layer(config, name):
+    """`from_config` side of `serialize_optional_layer`: rebuilds `config[name]` in a copy."""
+    config = dict(config)
+    if isinstance(config.get(name), dict):
+        config[name] = keras.saving.deserialize_keras_object(config[name])
+    return config
+
+
 def check_rate(name, value):
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
         raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")

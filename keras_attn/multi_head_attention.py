@@ -11,8 +11,10 @@ from keras_attn.base import (
     check_positive_int,
     check_rank,
     check_rate,
+    deserialize_optional_layer,
     finish_outputs,
     prepare_inputs,
+    serialize_optional_layer,
 )
 from keras_attn.chunked import chunked_attention
 from keras_attn.fused import MatmulEinsumDense
@@ -470,9 +472,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 "output_dim": self.output_dim,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "rotary_embedding": None
-                if self.rotary_embedding is None
-                else keras.saving.serialize_keras_object(self.rotary_embedding),
+                "rotary_embedding": serialize_optional_layer(self.rotary_embedding),
                 "implementation": self.implementation,
                 "seed": self.seed,
             }
@@ -481,9 +481,4 @@ class MultiHeadAttention(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("rotary_embedding"), dict):
-            config["rotary_embedding"] = keras.saving.deserialize_keras_object(
-                config["rotary_embedding"]
-            )
-        return cls(**config)
+        return cls(**deserialize_optional_layer(config, "rotary_embedding"))

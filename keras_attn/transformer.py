@@ -18,6 +18,8 @@ from keras_attn.base import (
     check_positive_number,
     check_rank,
     check_rate,
+    deserialize_optional_layer,
+    serialize_optional_layer,
 )
 from keras_attn.multi_head_attention import MultiHeadAttention
 
@@ -274,9 +276,7 @@ class _TransformerBlock(keras.layers.Layer):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "rotary_embedding": None
-                if self.rotary_embedding is None
-                else keras.saving.serialize_keras_object(self.rotary_embedding),
+                "rotary_embedding": serialize_optional_layer(self.rotary_embedding),
                 "seed": self.seed,
             }
         )
@@ -284,12 +284,7 @@ class _TransformerBlock(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
-        if isinstance(config.get("rotary_embedding"), dict):
-            config["rotary_embedding"] = keras.saving.deserialize_keras_object(
-                config["rotary_embedding"]
-            )
-        return cls(**config)
+        return cls(**deserialize_optional_layer(config, "rotary_embedding"))
 
 
 _BLOCK_ARGS = """
