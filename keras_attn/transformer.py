@@ -369,18 +369,21 @@ class TransformerEncoderBlock(_TransformerBlock):
 
         def attend(x):
             # query_mask / value_mask left None are filled by Keras from x's implicit mask.
-            out, w = self.self_attention(
+            # Weights only when asked: without them the attention may take a fast path.
+            out = self.self_attention(
                 x,
                 x,
                 query_mask=padding_mask,
                 value_mask=padding_mask,
                 attention_mask=attention_mask,
                 use_causal_mask=use_causal_mask,
-                return_attention_scores=True,
+                return_attention_scores=return_attention_scores,
                 training=training,
             )
-            weights.append(w)
-            return out
+            if not return_attention_scores:
+                return out
+            weights.append(out[1])
+            return out[0]
 
         x = self._residual(
             inputs, self.self_attention_norm, self.self_attention_dropout, attend, training

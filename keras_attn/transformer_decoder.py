@@ -174,13 +174,15 @@ class TransformerDecoderBlock(_TransformerBlock):
                 value_mask=decoder_padding_mask,
                 attention_mask=decoder_attention_mask,
                 use_causal_mask=use_causal_mask,
-                return_attention_scores=True,
+                return_attention_scores=return_attention_scores,
                 training=training,
                 cache=self_attention_cache,
                 cache_update_index=self_attention_cache_update_index,
             )
-            weights.append(out[1])
-            caches.extend(out[2:])
+            out = out if isinstance(out, tuple) else (out,)
+            if return_attention_scores:
+                weights.append(out[1])
+            caches.extend(out[2 if return_attention_scores else 1 :])
             return out[0]
 
         if self.cross_attention is not None and cached and cross_attention_cache is None:
@@ -196,17 +198,19 @@ class TransformerDecoderBlock(_TransformerBlock):
                 query_mask=decoder_padding_mask,
                 value_mask=encoder_padding_mask,
                 attention_mask=encoder_attention_mask,
-                return_attention_scores=True,
+                return_attention_scores=return_attention_scores,
                 training=training,
             )
             if cross_attention_cache is not None:
                 keys, values, source_mask = cross_attention_cache
                 common["value_mask"] = merge_masks(source_mask, encoder_padding_mask)
-                out, w, _ = self.cross_attention(x, cache=(keys, values), **common)
+                out = self.cross_attention(x, cache=(keys, values), **common)[:-1]
             else:
-                out, w = self.cross_attention(x, encoder_sequence, **common)
-            weights.append(w)
-            return out
+                out = self.cross_attention(x, encoder_sequence, **common)
+                out = out if isinstance(out, tuple) else (out,)
+            if return_attention_scores:
+                weights.append(out[1])
+            return out[0]
 
         x = self._residual(
             decoder_sequence,
