@@ -3,7 +3,9 @@
 import keras
 
 import keras_attn
-from models.layers import FoldIntoBatch, PaddingMask, UnfoldFromBatch
+from models.layers import FoldIntoBatch, MeanPooling, PaddingMask, UnfoldFromBatch
+
+_POOLINGS = ("attention", "mean")
 
 
 def hierarchical_attention_network(
@@ -16,6 +18,7 @@ def hierarchical_attention_network(
     max_words: int,
     attention_units: int | None = None,
     dropout: float = 0.0,
+    pooling: str = "attention",
     return_attention: bool = False,
     name: str = "hierarchical_attention_network",
 ) -> keras.Model:
@@ -45,6 +48,9 @@ def hierarchical_attention_network(
         attention_units: hidden width of both poolings; `None` means twice
             the GRU width at each level (as in the paper).
         dropout: dropout on the document vector, in training.
+        pooling: `"attention"` (the paper) or `"mean"`: the ablation, the same
+            network with both poolings replaced by the mean over real words and
+            sentences (`models.layers.MeanPooling`; uniform returned weights).
         return_attention: output a dict `{"logits", "word_attention" (B, S, W),
             "sentence_attention" (B, S)}`. The layers are the same, so a
             trained model's weights load into it with `set_weights`.
@@ -68,6 +74,14 @@ def hierarchical_attention_network(
         Yang et al., 2016, "Hierarchical Attention Networks for Document
         Classification", https://aclanthology.org/N16-1174
     """
+    if pooling not in _POOLINGS:
+        raise ValueError(f"`pooling` must be one of {_POOLINGS}. Received: pooling={pooling!r}")
+
+    def pool(units, name):
+        if pooling == "mean":
+            return MeanPooling(name=name)
+        return keras_attn.AttentionPooling(units, name=name)
+
     # -- inputs ------------------------------------------------------------
     tokens = keras.Input((max_sentences, max_words), dtype="int32", name="tokens")  # (B, S, W)
 
@@ -77,9 +91,9 @@ def hierarchical_attention_network(
     x = keras.layers.Bidirectional(
         keras.layers.GRU(word_units, return_sequences=True), name="word_encoder"
     )(x)  # (B * S, W, 2 * word_units), masked
-    sentences, word_weights = keras_attn.AttentionPooling(
-        attention_units or 2 * word_units, name="word_attention"
-    )(x, return_attention_scores=True)  # (B * S, 2 * word_units), (B * S, W)
+    sentences, word_weights = pool(attention_units or 2 * word_units, "word_attention")(
+        x, return_attention_scores=True
+    )  # (B * S, 2 * word_units), (B * S, W)
     sentences = UnfoldFromBatch(max_sentences, name="unfold_sentences")(sentences)
     word_weights = UnfoldFromBatch(max_sentences, name="unfold_word_attention")(word_weights)
 
@@ -88,9 +102,9 @@ def hierarchical_attention_network(
     h = keras.layers.Bidirectional(
         keras.layers.GRU(sentence_units, return_sequences=True), name="sentence_encoder"
     )(sentences, mask=sentence_mask)  # (B, S, 2 * sentence_units)
-    document, sentence_weights = keras_attn.AttentionPooling(
-        attention_units or 2 * sentence_units, name="sentence_attention"
-    )(h, mask=sentence_mask, return_attention_scores=True)  # (B, 2 * sentence_units), (B, S)
+    document, sentence_weights = pool(attention_units or 2 * sentence_units, "sentence_attention")(
+        h, mask=sentence_mask, return_attention_scores=True
+    )  # (B, 2 * sentence_units), (B, S)
 
     # -- classifier ----------------------------------------------------------
     document = keras.layers.Dropout(dropout, name="dropout")(document)

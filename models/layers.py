@@ -94,6 +94,56 @@ class UnfoldFromBatch(keras.layers.Layer):
 
 
 @_REGISTER
+class MeanPooling(keras.layers.Layer):
+    """The mean over the real (unmasked) steps: the baseline of attention pooling.
+
+        v = sum_t m_t h_t / max(1, sum_t m_t)
+
+    Same calls as `keras_attn.AttentionPooling`, so a model swaps one for the
+    other: the weights it returns are the uniform `m_t / sum_t m_t`. A sequence
+    with no real step pools to zeros (never NaN, unlike an average that divides
+    by the mask's sum).
+
+    Call arguments:
+        inputs: `(B, T, D)`.
+        mask: optional boolean `(B, T)`; Keras passes the implicit mask.
+        return_attention_scores: also return the weights `(B, T)`.
+
+    Example:
+
+    >>> h = np.array([[[1.0], [3.0], [9.0]], [[5.0], [7.0], [0.0]]], "float32")
+    >>> mask = np.array([[True, True, False], [False, False, False]])
+    >>> v, w = MeanPooling()(h, mask=mask, return_attention_scores=True)
+    >>> print(keras.ops.convert_to_numpy(v)[:, 0], keras.ops.convert_to_numpy(w)[0])
+    [2. 0.] [0.5 0.5 0. ]
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs, mask=None, return_attention_scores=False):
+        if mask is None:
+            mask = kops.ones(kops.shape(inputs)[:-1], dtype="bool")
+        weights = kops.cast(mask, inputs.dtype)
+        weights = weights / kops.maximum(kops.sum(weights, axis=-1, keepdims=True), 1.0)
+        pooled = kops.einsum("bt,btd->bd", weights, inputs)
+        return (pooled, weights) if return_attention_scores else pooled
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+    def compute_output_shape(self, inputs_shape):
+        return (inputs_shape[0], inputs_shape[-1])
+
+    def compute_output_spec(self, inputs, mask=None, return_attention_scores=False):
+        pooled = keras.KerasTensor(self.compute_output_shape(inputs.shape), inputs.dtype)
+        if not return_attention_scores:
+            return pooled
+        return pooled, keras.KerasTensor(tuple(inputs.shape[:-1]), inputs.dtype)
+
+
+@_REGISTER
 class PaddingMask(keras.layers.Layer):
     """`any(tokens != 0, axis=-1)`: which groups hold at least one real token.
 

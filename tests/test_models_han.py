@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_attn import AttentionPooling
 from layer_checks import check_layer
 from model_checks import check_model
 from models import hierarchical_attention_network
-from models.layers import FoldIntoBatch, PaddingMask, UnfoldFromBatch
+from models.layers import FoldIntoBatch, MeanPooling, PaddingMask, UnfoldFromBatch
 
 VOCAB, S, W = 30, 3, 6
 
@@ -131,3 +132,49 @@ def test_attention_model_takes_trained_weights():
     trained, inspect = _han(), _han(return_attention=True)
     inspect.set_weights(trained.get_weights())
     np.testing.assert_allclose(_np(inspect(docs)["logits"]), _np(trained(docs)), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# The mean-pooling ablation
+# ---------------------------------------------------------------------------
+
+
+def test_mean_pooling_layer_checks(tmp_path):
+    h = np.random.default_rng(3).normal(size=(3, 5, 4)).astype("float32")
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], bool)
+    check_layer(
+        MeanPooling,
+        {"inputs": h},
+        masks={"mask": mask},
+        mask_covers={"mask": ["inputs"]},
+        tmp_path=tmp_path,
+        expect_trainable=False,
+    )
+
+
+def test_mean_pooling_is_the_mean_over_real_steps():
+    h = np.random.default_rng(4).normal(size=(3, 5, 4)).astype("float32")
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], bool)
+    pooled, weights = MeanPooling()(h, mask=mask, return_attention_scores=True)
+    expected = [h[0, :3].mean(0), h[1].mean(0), np.zeros(4)]
+    np.testing.assert_allclose(_np(pooled), expected, atol=1e-6)
+    np.testing.assert_allclose(_np(weights), mask / np.maximum(mask.sum(1, keepdims=True), 1))
+
+
+def test_han_mean_pooling_ablation():
+    rng = np.random.default_rng(5)
+    docs = _documents(rng)
+    model = _han(pooling="mean", return_attention=True)
+    assert not [layer for layer in model.layers if isinstance(layer, AttentionPooling)]
+    out = model(docs)
+    assert np.all(np.isfinite(_np(out["logits"])))
+    words = _np(out["word_attention"])  # uniform over each sentence's real words
+    real = docs != 0
+    expected = real / np.maximum(real.sum(-1, keepdims=True), 1)
+    np.testing.assert_allclose(words, expected, atol=1e-6)
+    sentences = real.any(-1)
+    np.testing.assert_allclose(
+        _np(out["sentence_attention"]), sentences / np.maximum(sentences.sum(-1, keepdims=True), 1)
+    )
+    with pytest.raises(ValueError, match=r"`pooling` must be one of .*Received: pooling='max'"):
+        _han(pooling="max")

@@ -6,6 +6,9 @@ Importing this package registers the builders with tensorflow-datasets:
 - `keras_attn_convex_hull/{n5,n10,n50,n5-50,tiny}`: points `(n, 2)` -> hull indices `(k,)`;
 - `keras_attn_seq2seq/{copy-5-20,reverse-5-20,reverse-5-50,addition-1-5,addition-1-10}` and
   `tiny-{copy,reverse,addition}`: text -> text (`Translation`, like `ted_hrlr_translate`).
+- `keras_attn_ui_strings/pt_to_en` (Django and Sphinx message translations, like
+  `ted_hrlr_translate/pt_to_en`) and `keras_attn_rt_polarity` (Rotten Tomatoes snippets,
+  like `imdb_reviews`): real text read from installed packages (see `bundled`).
 
 `load(name, split, data_dir, batch_size=...)` prepares them on first use, offline.
 `models` itself does not import this package, so the layers and models work without
@@ -19,6 +22,7 @@ from models.datasets.builders import (
     KerasAttnSorting,
     SyntheticConfig,
 )
+from models.datasets.bundled import KerasAttnRtPolarity, KerasAttnUiStrings
 from models.datasets.loading import PAD_INDEX, PAD_VALUE, load, padding_values
 from models.geometry import (
     convex_hull_indices,
@@ -33,8 +37,10 @@ __all__ = [
     "PAD_VALUE",
     "SPLITS",
     "KerasAttnConvexHull",
+    "KerasAttnRtPolarity",
     "KerasAttnSeq2seq",
     "KerasAttnSorting",
+    "KerasAttnUiStrings",
     "SyntheticConfig",
     "convex_hull_indices",
     "hull_metrics",

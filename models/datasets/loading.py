@@ -4,6 +4,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from models.datasets.builders import _SyntheticBuilder
+from models.datasets.bundled import LocalBuilder
 
 PAD_VALUE = -1.0  # pads float inputs: outside [0, 1), so `keras.layers.Masking(PAD_VALUE)` works
 PAD_INDEX = -1  # pads integer (pointer) targets: never a valid index
@@ -69,7 +70,7 @@ def load(name, split="train", data_dir=None, *, batch_size=None, shuffle_files=F
     """
     builder = tfds.builder(name, data_dir=data_dir)
     if not builder.is_prepared():
-        if not isinstance(builder, _SyntheticBuilder):
+        if not isinstance(builder, (_SyntheticBuilder, LocalBuilder)):
             raise FileNotFoundError(
                 f"{name!r} is not prepared in {builder.data_dir!r} and keras-attn never "
                 "downloads. With network access, run once: "

@@ -1,0 +1,61 @@
+"""The experiment commands behind the README's results tables, end to end at tiny sizes."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow_datasets")
+
+from models.experiments import rnn_attention  # noqa: E402
+
+
+def test_decoded_accuracy_counts_the_end_token_and_ignores_padding():
+    labels = np.array([[5, 6, 7, 2], [8, 2, 0, 0], [9, 9, 2, 0]])
+    decoded = np.array([[5, 6, 7, 2, 4], [8, 3, 1, 1, 1], [9, 9, 2, 0, 0]])
+    token, sequence = rnn_attention.decoded_accuracy(decoded, labels)
+    assert token == pytest.approx(8 / 9)  # 4 + 1 + 3 right of 4 + 2 + 3 real
+    assert sequence == pytest.approx(2 / 3)
+
+
+def test_encode_builds_teacher_forcing_pairs():
+    vocab = rnn_attention.vocabulary([("a b", "b a")])
+    assert vocab == {"a": 3, "b": 4}
+    source, inputs, labels = rnn_attention.encode([("a b", "b a"), ("b", "b")], vocab)
+    np.testing.assert_array_equal(source, [[3, 4], [4, 0]])
+    np.testing.assert_array_equal(inputs, [[1, 4, 3], [1, 4, 0]])
+    np.testing.assert_array_equal(labels, [[4, 3, 2], [4, 2, 0]])
+
+
+def test_at_time_reads_the_curve_within_a_budget():
+    curve = [{"train_seconds": 1.0}, {"train_seconds": 2.0}, {"train_seconds": 3.5}]
+    assert rnn_attention.at_time(curve, 2.0) is curve[1]
+    assert rnn_attention.at_time(curve, 0.5) is None
+
+
+def test_rnn_attention_command_end_to_end(tmp_path):
+    output, plot = tmp_path / "rnn.json", tmp_path / "rnn.png"
+    argv = [
+        "--lengths", "4", "--scores", "none,dot", "--steps", "4", "--eval-every", "2",
+        "--train-examples", "128", "--test-examples", "16", "--units", "8",
+        "--embedding-dim", "4", "--data-dir", str(tmp_path / "tfds"),
+        "--output", str(output), "--plot", str(plot),
+    ]  # fmt: skip
+    assert rnn_attention.main(argv) == 0
+    saved = json.loads(output.read_text())
+    runs = saved["results"]["4"]
+    assert set(runs) == {"none", "dot"}
+    for run in runs.values():
+        assert [p["step"] for p in run["curve"]] == [2, 4]
+        times = [p["train_seconds"] for p in run["curve"]]
+        assert 0 < times[0] <= times[1]
+        for point in run["curve"]:
+            assert 0 <= point["sequence_accuracy"] <= point["token_accuracy"] <= 1
+    # Attention adds parameters (the combine layer reads [context; state]).
+    assert runs["dot"]["parameters"] > runs["none"]["parameters"]
+    assert plot.stat().st_size > 0
+    # A second run with the same settings reuses the measured runs.
+    mtime = output.stat().st_mtime_ns
+    assert rnn_attention.main(argv) == 0
+    assert json.loads(output.read_text())["results"] == saved["results"]
+    assert output.stat().st_mtime_ns == mtime
