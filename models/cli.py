@@ -6,12 +6,17 @@
 
 The default of every generated task needs no network: its tfds builder
 generates the data into `--data-dir`.
+
+With `--strategy multi-worker` every worker of `TF_CONFIG` runs the same command;
+the chief writes the files, the other workers make the same saves into temporary
+directories and delete them (README: "Training on several devices").
 """
 
 import argparse
 import json
 import os
 import sys
+import tempfile
 
 
 def _parser():
@@ -31,6 +36,20 @@ def _parser():
     train.add_argument("--export", help="SavedModel directory (default: OUTPUT/TASK_savedmodel)")
     train.add_argument("--plot", help="attention plot PNG (default: OUTPUT/TASK_attention.png)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--n", help="problem size of a pointer task: 50, or a range 5-50")
+    train.add_argument("--eval-n", help="also evaluate at these sizes, e.g. 50,100,200")
+    train.add_argument(
+        "--strategy", choices=["mirrored", "multi-worker"],
+        help="tf.distribute: all local devices, or the workers named by TF_CONFIG",
+    )  # fmt: skip
+    train.add_argument(
+        "--pooling", choices=["attention", "mean"],
+        help="imdb tasks: the classifier's pooling (default attention; mean is the ablation)",
+    )  # fmt: skip
+    train.add_argument(
+        "--backup-dir",
+        help="checkpoint here every epoch; a killed run resumes from it (delete it to start over)",
+    )
     return parser
 
 
@@ -38,6 +57,7 @@ def main(argv=None):
     """Runs the command line; returns the process exit status."""
     args = _parser().parse_args(argv)
     from models import recipes  # imports TensorFlow: after argument parsing
+    from models.decoding import write_atomically
 
     if args.command == "list":
         width = max(map(len, recipes.TASKS))
@@ -46,6 +66,9 @@ def main(argv=None):
         return 0
     if args.task not in recipes.TASKS:
         print(f"keras-attn: unknown task {args.task!r}; see `keras-attn list`", file=sys.stderr)
+        return 2
+    if args.strategy == "multi-worker" and not os.environ.get("TF_CONFIG"):
+        print("keras-attn: --strategy multi-worker needs TF_CONFIG", file=sys.stderr)
         return 2
     settings = recipes.Settings(
         dataset=args.dataset,
@@ -56,12 +79,23 @@ def main(argv=None):
         batch_size=args.batch_size,
         download=args.download,
         seed=args.seed,
+        n=args.n,
+        eval_n=args.eval_n,
+        strategy=args.strategy,
+        backup_dir=args.backup_dir,
+        pooling=args.pooling,
     )
     try:
         result = recipes.train(args.task, settings)
     except FileNotFoundError as error:
         print(f"keras-attn: {error}", file=sys.stderr)
         return 1
+    if not recipes.writes_files(result.model):  # a non-chief worker: the same saves, discarded
+        with tempfile.TemporaryDirectory() as scratch:
+            result.model.save(os.path.join(scratch, "model.keras"))
+            result.export(os.path.join(scratch, "savedmodel"))
+        print(f"trained {args.task} on {result.dataset} (a worker: the chief writes the files)")
+        return 0
     os.makedirs(args.output, exist_ok=True)
     stem = os.path.join(args.output, args.task)
     paths = {
@@ -69,16 +103,21 @@ def main(argv=None):
         "savedmodel": args.export or f"{stem}_savedmodel",
         "plot": args.plot or f"{stem}_attention.png",
     }
-    result.model.save(paths["keras"])
-    result.export(paths["savedmodel"])
+    # Written next to their paths and renamed into place: a kill leaves no half files.
+    write_atomically(paths["keras"], result.model.save)
+    write_atomically(paths["savedmodel"], result.export)
     result.plot(paths["plot"])
     print(f"trained {args.task} on {result.dataset}")
     for metric, value in result.metrics.items():
         print(f"  {metric}: {value:.4f}")
     for what, path in paths.items():
         print(f"  {what}: {path}")
+    history = getattr(result.model, "history", None)  # Keras' `History` of the last `fit`
+    losses = {"loss": history.history.get("loss", [])} if history else {}
     with open(f"{stem}_metrics.json", "w") as f:
-        json.dump({"task": args.task, "dataset": result.dataset, **result.metrics}, f, indent=1)
+        json.dump(
+            {"task": args.task, "dataset": result.dataset, **result.metrics, **losses}, f, indent=1
+        )
     return 0
 
 

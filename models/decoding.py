@@ -10,7 +10,13 @@ For `transformer_seq2seq` a step runs the decoder blocks on their KV caches
 
 **Pointer networks** (`pointer_decode`): constrained greedy decoding that
 runs the functional model once per step on the pointers decoded so far.
+
+**Files** (`write_atomically`): exports are written aside and renamed into place.
 """
+
+import os
+import shutil
+import uuid
 
 import keras
 import numpy as np
@@ -209,7 +215,7 @@ def export_seq2seq(model, path, max_length, start_id, end_id=None):
 
     Args:
         model: a zoo seq2seq model.
-        path: the SavedModel directory.
+        path: the SavedModel directory, written atomically (`write_atomically`).
         max_length, start_id, end_id: as in `greedy_decode`.
     """
     _check_lengths(max_length, start_id, end_id)
@@ -227,7 +233,41 @@ def export_seq2seq(model, path, max_length, start_id, end_id=None):
         lambda source: greedy_decode(model, source, max_length, start_id, end_id, steps=steps),
         input_signature=[tokens_spec],
     )
-    archive.write_out(path, verbose=False)
+    write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+
+
+def write_atomically(path, write):
+    """Calls `write(temporary)`, a fresh sibling of `path`, then renames it to `path`.
+
+    Until the rename `path` is absent or still the previous version: a failed or killed
+    write never leaves half a file or SavedModel there (a failed one removes its
+    temporary; a killed one leaves a hidden `.tmp-*` sibling). A directory replaces a
+    directory by two renames, the old one aside (`.old-*`) then deleted. The temporary
+    ends like `path` (`model.save` wants `.keras`). A URL (`gs://...`) is written in
+    place. E.g. `write_atomically("runs/model_savedmodel", model.export)`.
+    """
+    if "://" in str(path):
+        return write(path)
+    parent, name = os.path.split(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    token = uuid.uuid4().hex[:12]
+    temporary = os.path.join(parent, f".tmp-{token}-{name}")
+    try:
+        write(temporary)
+        if os.path.exists(path) and (os.path.isdir(path) or os.path.isdir(temporary)):
+            old = os.path.join(parent, f".old-{token}-{name}")
+            os.rename(path, old)
+            try:
+                os.rename(temporary, path)
+            except BaseException:
+                os.rename(old, path)
+                raise
+            _remove(old)
+        else:
+            os.replace(temporary, path)
+    except BaseException:
+        _remove(temporary)
+        raise
 
 
 # ---------------------------------------------------------------------------
@@ -235,9 +275,24 @@ def export_seq2seq(model, path, max_length, start_id, end_id=None):
 # ---------------------------------------------------------------------------
 
 
-def _predict(model, inputs):
-    """One inference call, NumPy in and out (`predict_on_batch` traces once per shape)."""
+def predict_batch(model, inputs):
+    """One inference call, NumPy in and out; right for a distributed model too.
+
+    `predict_on_batch` traces once per shape, so it is used when the model has one replica.
+    """
+    strategy = getattr(model, "distribute_strategy", None)  # TensorFlow backend only
+    if strategy is not None and strategy.num_replicas_in_sync > 1:
+        # Keras' `predict_on_batch` gives every replica the whole batch and concatenates
+        # their outputs (replicas x B rows): call the model on the batch once instead.
+        return np.asarray(model(inputs, training=False))
     return np.asarray(model.predict_on_batch(inputs))
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        return shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        os.remove(path)
 
 
 # ---------------------------------------------------------------------------
@@ -292,7 +347,7 @@ def pointer_decode(model, points, steps=None, constrained=True):
     chosen = np.zeros((batch, num_points), bool)
     rows = np.arange(batch)
     for t in range(steps):
-        probs = _predict(model, {"points": points, "pointers": pointers})[:, t]  # (B, N)
+        probs = predict_batch(model, {"points": points, "pointers": pointers})[:, t]  # (B, N)
         if constrained:
             probs = np.where(chosen, -np.inf, probs)
         pointers[:, t] = np.argmax(probs, axis=-1)
@@ -333,7 +388,7 @@ def polygon_decode(model, points):
     closed = np.zeros(batch, bool)
     rows = np.arange(batch)
     for t in range(num_points + 1):
-        probs = _predict(model, {"points": points, "pointers": pointers})[:, t]  # (B, N)
+        probs = predict_batch(model, {"points": points, "pointers": pointers})[:, t]  # (B, N)
         allowed = ~chosen
         if t >= 3:  # pointing at the first vertex again closes the polygon
             allowed[rows, pointers[:, 0]] = True

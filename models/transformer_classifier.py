@@ -3,6 +3,7 @@
 import keras
 
 import keras_attn
+from models.layers import MeanPooling
 
 _POOLINGS = ("mean", "attention")
 
@@ -81,7 +82,8 @@ def transformer_classifier(
     if norm_first:
         x = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")(x)
     if pooling == "mean":
-        x = keras.layers.GlobalAveragePooling1D(name="pooling")(x)  # over real tokens only
+        # Over real tokens only; an all-padding input pools to zeros (not 0 / 0).
+        x = MeanPooling(name="pooling")(x)
     else:
         x = keras_attn.AttentionPooling(d_model, name="pooling")(x)
     x = keras.layers.Dropout(dropout, name="pooled_dropout")(x)

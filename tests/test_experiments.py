@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorflow_datasets")
+tfds = pytest.importorskip("tensorflow_datasets")
 
-from models.experiments import rnn_attention  # noqa: E402
+from models.experiments import han_ablation, rnn_attention  # noqa: E402
 
 
 def test_decoded_accuracy_counts_the_end_token_and_ignores_padding():
@@ -59,3 +59,25 @@ def test_rnn_attention_command_end_to_end(tmp_path):
     assert rnn_attention.main(argv) == 0
     assert json.loads(output.read_text())["results"] == saved["results"]
     assert output.stat().st_mtime_ns == mtime
+
+
+def test_han_ablation_summary():
+    mean, spread, low, high = han_ablation.summary([0.70, 0.74, 0.72])
+    assert (mean, low, high) == (pytest.approx(0.72), 0.70, 0.74)
+    assert spread == pytest.approx(0.02)
+
+
+def test_han_ablation_command_end_to_end(tmp_path, capsys):
+    output = tmp_path / "han.json"
+    argv = [
+        "--dataset", "imdb_reviews", "--seeds", "0", "--epochs", "1", "--batch-size", "8",
+        "--train-examples", "16", "--test-examples", "8", "--output", str(output),
+    ]  # fmt: skip
+    with tfds.testing.mock_data(num_examples=16):
+        assert han_ablation.main(argv) == 0
+    results = json.loads(output.read_text())["results"]
+    assert set(results) == {"attention", "mean"}
+    for runs in results.values():
+        assert 0 <= runs["0"]["accuracy"] <= 1
+    table = capsys.readouterr().out
+    assert "| attention |" in table and "| mean |" in table

@@ -5,9 +5,23 @@ locally; a real tfds dataset must already be prepared in `data_dir`, or
 `download=True`), builds the model, trains it with `model.fit`, evaluates the
 task's metric, and returns a `Result` with what the command saves, exports and
 plots. Nothing here downloads unless asked to.
+
+`train` seeds Python, NumPy and TensorFlow with `Settings.seed`, and runs the recipe
+inside the scope of `Settings.strategy` (one device, `"mirrored"`, `"multi-worker"`).
 """
 
-from models.recipes.common import Result, Settings, load_supervised
+import contextlib
+
+import keras
+
+from models.recipes.common import (
+    BackupAndRestore,
+    Result,
+    Settings,
+    distribution_strategy,
+    load_supervised,
+    writes_files,
+)
 from models.recipes.pointer import pointer_task
 from models.recipes.seq2seq import seq2seq_task
 from models.recipes.text_classification import imdb_task
@@ -49,10 +63,29 @@ TASKS = {
 
 
 def train(task, settings=None):
-    """Runs a task's recipe; returns its `Result`."""
+    """Runs a task's recipe; returns its `Result`.
+
+    With `settings.strategy` the whole recipe runs in the strategy's scope, so the model
+    it builds has mirrored variables (one copy per replica) and its `fit` and `evaluate`
+    split every global batch of `settings.batch_size` over the replicas: the same
+    updates as one device, up to float rounding (README: "Training on several devices").
+    """
     if task not in TASKS:
         raise ValueError(f"Unknown task {task!r}. Tasks: {', '.join(TASKS)}")
-    return TASKS[task][1](settings or Settings())
+    settings = settings or Settings()
+    strategy = distribution_strategy(settings.strategy)  # before other TensorFlow work
+    keras.utils.set_random_seed(settings.seed)
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        return TASKS[task][1](settings)
 
 
-__all__ = ["TASKS", "Result", "Settings", "load_supervised", "train"]
+__all__ = [
+    "TASKS",
+    "BackupAndRestore",
+    "Result",
+    "Settings",
+    "distribution_strategy",
+    "load_supervised",
+    "train",
+    "writes_files",
+]

@@ -1,9 +1,15 @@
-"""What every recipe shares: run settings, the result, and offline data loading."""
+"""What every recipe shares: run settings, the result, distribution, backups, data loading."""
 
 import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import uuid
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from models.datasets import loading
 
@@ -22,6 +28,22 @@ class Settings:
     batch_size: int = 64
     download: bool = False
     seed: int = 0
+    # Problem sizes for tasks that have one (pointer tasks): "50" or a range "5-50".
+    n: str | None = None
+    # Sizes to evaluate at besides the training size, e.g. "50,100,200".
+    eval_n: str | None = None
+    # Distribution: None (one device), "mirrored" or "multi-worker" (TF_CONFIG).
+    strategy: str | None = None
+    # Checkpoint directory for `keras.callbacks.BackupAndRestore`: a killed run resumes.
+    backup_dir: str | None = None
+    # Text classifiers: "attention" (the task's default) or "mean" (the ablation).
+    pooling: str | None = None
+
+    def callbacks(self):
+        """The callbacks every recipe passes to `model.fit`."""
+        if self.backup_dir is None:
+            return []
+        return [BackupAndRestore(self.backup_dir)]
 
 
 @dataclasses.dataclass
@@ -36,14 +58,179 @@ class Result:
 
 
 # ---------------------------------------------------------------------------
+# Distribution: `Settings.strategy`
+# ---------------------------------------------------------------------------
+
+STRATEGIES = ("mirrored", "multi-worker")
+
+
+def distribution_strategy(name):
+    """The `tf.distribute` strategy named by `Settings.strategy`; None for one device.
+
+    `"mirrored"`: `MirroredStrategy` over the local GPUs, or over the logical CPU devices
+    when there is no GPU (split a CPU with `tf.config.set_logical_device_configuration`
+    before TensorFlow starts). `"multi-worker"`: `MultiWorkerMirroredStrategy` over the
+    workers that `TF_CONFIG` names; create it before any other TensorFlow work.
+    """
+    if name is None:
+        return None
+    if name == "mirrored":
+        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+        return tf.distribute.MirroredStrategy([device.name for device in devices])
+    if name == "multi-worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise ValueError(
+                "strategy='multi-worker' needs the cluster in the TF_CONFIG environment "
+                "variable (see the README, 'Several machines'). Received: no TF_CONFIG."
+            )
+        return _MultiWorkerMirroredStrategy()
+    raise ValueError(f"`strategy` must be None or one of {STRATEGIES}. Received: strategy={name!r}")
+
+
+class _MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """`MultiWorkerMirroredStrategy` whose `reduce` takes what Keras 3's `fit` gives it.
+
+    Keras 3.15 calls `reduce` with a nest (the first batch, to build the model) and with
+    `axis=0` on scalar metrics; `MultiWorkerMirroredStrategy` rejects both, so `fit`
+    fails before its first step (keras-team/keras#20585). Here each value of the nest is
+    reduced on its own, a scalar across replicas only.
+    """
+
+    def reduce(self, reduce_op, value, axis):
+        parent = super().reduce
+
+        def one(v):
+            scalar = self.experimental_local_results(v)[0].shape.rank == 0
+            return parent(reduce_op, v, None if scalar else axis)
+
+        return tf.nest.map_structure(one, value)
+
+
+def writes_files(model):
+    """Whether this process writes the run's files: all but the non-chief workers.
+
+    Under `MultiWorkerMirroredStrategy` every worker must still make the same saves (a
+    save may need the others' variables), the non-chief ones into temporary directories.
+    """
+    strategy = getattr(model, "distribute_strategy", None)  # TensorFlow backend only
+    return strategy is None or strategy.extended.should_checkpoint
+
+
+# ---------------------------------------------------------------------------
+# Backups: `Settings.backup_dir`
+# ---------------------------------------------------------------------------
+
+METADATA = "training_metadata.json"  # Keras' names, kept: a backup reads like Keras' own
+LATEST = "latest.weights.h5"
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """`keras.callbacks.BackupAndRestore` that a kill at any moment leaves resumable.
+
+    Keras (3.15) rewrites `latest.weights.h5` in place, then the epoch in
+    `training_metadata.json`: a kill during the first write leaves weights it cannot
+    load, between the two, weights of one epoch under the number of another. Here each
+    backup writes a new weights file, then replaces the metadata, which names that file,
+    with one rename (the commit); `latest.weights.h5` follows as a link. The metadata
+    also holds the states of the layers' random generators (dropout), which weights
+    files leave out, so a resumed run draws the masks an uninterrupted one would.
+
+    A restart resumes at the start of the epoch of the last backup: Keras does not skip
+    the batches of a mid-epoch backup (`save_freq=int`), it trains the whole epoch again.
+    With backups at epoch ends (the default), and data whose order depends only on the
+    epoch, a killed and restarted run ends with the weights of an uninterrupted one.
+
+    Under multi-worker training every worker saves, the non-chief ones into a temporary
+    directory, and all restore from `backup_dir`: a directory every worker can read.
+    """
+
+    def on_train_begin(self, logs=None):
+        self._directory = self.backup_dir
+        if not writes_files(self.model):
+            self._directory = tempfile.mkdtemp(prefix="keras_attn_backup_")
+        metadata = _read_json(os.path.join(self.backup_dir, METADATA))
+        if metadata is None:
+            return
+        self._weights_path = os.path.join(self.backup_dir, metadata.get("weights", LATEST))
+        self._load_model()  # Keras': builds the optimizer, loads the weights, sets the epoch
+        states = metadata.get("generators")
+        if states is not None:  # None: a backup written by Keras' own callback
+            for variable, state in zip(_generator_states(self.model), states, strict=True):
+                variable.assign(np.asarray(state, variable.dtype))
+
+    def _save_model(self):
+        os.makedirs(self._directory, exist_ok=True)
+        name = f"weights-{uuid.uuid4().hex[:12]}.weights.h5"
+        weights = os.path.join(self._directory, name)
+        self.model.save_weights(weights)
+        _fsync(weights)
+        metadata = {
+            "epoch": self._current_epoch,
+            "batch": self._last_batch_seen,
+            "weights": name,
+            "generators": [np.asarray(v).tolist() for v in _generator_states(self.model)],
+        }
+        _write_json_atomically(os.path.join(self._directory, METADATA), metadata)  # the commit
+        latest = os.path.join(self._directory, f".tmp-{name}")
+        try:
+            os.link(weights, latest)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(weights, latest)
+        os.replace(latest, os.path.join(self._directory, LATEST))
+        for entry in os.listdir(self._directory):  # older backups, and what a kill left
+            if entry != name and entry.startswith(("weights-", ".tmp-")):
+                os.remove(os.path.join(self._directory, entry))
+
+    def on_train_end(self, logs=None):
+        if self._directory != self.backup_dir:
+            shutil.rmtree(self._directory, ignore_errors=True)
+        elif self.delete_checkpoint:
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
+
+
+def _generator_states(model):
+    """The model's variables that are not weights: its random generators' states."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def _read_json(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json_atomically(path, value):
+    temporary = os.path.join(os.path.dirname(path), f".tmp-{uuid.uuid4().hex[:12]}.json")
+    with open(temporary, "w") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+def _fsync(path):
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------
 
 
 def load_supervised(name, split, settings):
-    """`(inputs, targets)` pairs of `name`: ours are prepared locally; others must exist."""
+    """`(inputs, targets)` pairs of `name`: ours are prepared locally; others must exist.
+
+    Under multi-worker training each worker reads the whole dataset and takes its
+    replicas' share of every global batch (`AutoShardPolicy.DATA`), so the global
+    batches are those of one device, whatever the number of files.
+    """
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     if name.startswith("keras_attn_"):
-        return loading.load(name, split, settings.data_dir)
+        return loading.load(name, split, settings.data_dir).with_options(options)
     import tensorflow_datasets as tfds
 
     try:
@@ -53,7 +240,7 @@ def load_supervised(name, split, settings):
             data_dir=settings.data_dir,
             as_supervised=True,
             download=settings.download,
-        )
+        ).with_options(options)
     except (AssertionError, FileNotFoundError) as error:  # tfds: "could not find data"
         raise FileNotFoundError(
             f"The tfds dataset {name!r} is not prepared in data_dir={settings.data_dir!r}. "

@@ -46,14 +46,16 @@ def imdb_task(task_name, architecture):
 
         keras.utils.set_random_seed(settings.seed)
         vocab_size = vectorizer.vocabulary_size()
+        pooling = settings.pooling or "attention"
         if hierarchical:
             build = lambda **kw: models.hierarchical_attention_network(  # noqa: E731
-                vocab_size, 64, 32, 32, 2, MAX_SENTENCES, SENTENCE_WORDS, dropout=0.1, **kw
-            )
+                vocab_size, 64, 32, 32, 2, MAX_SENTENCES, SENTENCE_WORDS, dropout=0.1,
+                pooling=pooling, **kw,
+            )  # fmt: skip
         else:
             build = lambda **kw: models.transformer_classifier(  # noqa: E731
                 vocab_size, MAX_WORDS, 2, num_layers=2, num_heads=4, d_model=64,
-                intermediate_dim=128, pooling="attention", **kw,
+                intermediate_dim=128, pooling=pooling, **kw,
             )  # fmt: skip
         model = build()
         model.compile(
@@ -61,7 +63,10 @@ def imdb_task(task_name, architecture):
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
-        model.fit(batches(train, shuffle=True), epochs=settings.epochs or 2, shuffle=False)
+        model.fit(
+            batches(train, shuffle=True), epochs=settings.epochs or 2, shuffle=False,
+            callbacks=settings.callbacks(),
+        )  # fmt: skip
         _, accuracy = model.evaluate(batches(test), verbose=0)
         texts = [t for t, _ in test.take(1).as_numpy_iterator()]
 
