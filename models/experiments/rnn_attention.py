@@ -18,13 +18,13 @@ without attention).
 """
 
 import argparse
-import json
-import os
 import sys
 import time
 
 import keras
 import numpy as np
+
+from models.experiments import store
 
 SCORES = ("none", "additive", "dot", "scaled_dot", "bilinear")
 PAD, START, END = 0, 1, 2
@@ -260,12 +260,9 @@ def main(argv=None):
     unknown = sorted(set(scores) - set(SCORES))
     if unknown:
         raise SystemExit(f"--scores: unknown {unknown}; choose from {','.join(SCORES)}")
-    results = {}
-    if os.path.exists(args.output):  # resume: keep the runs already measured
-        with open(args.output) as f:
-            saved = json.load(f)
-        if _comparable(saved.get("settings", {})) == _comparable(_settings(args)):
-            results = saved["results"]
+    settings = {k: v for k, v in vars(args).items() if k not in ("output", "plot", "data_dir")}
+    # Resume: keep the runs already measured with these settings (lengths and scores may grow).
+    results = store.load(args.output, settings, free=("lengths", "scores"))
     for length in lengths:
         train, test = load_task(
             args.task, length, args.train_examples, args.test_examples, args.data_dir
@@ -283,32 +280,11 @@ def main(argv=None):
                 f"  token {100 * last['token_accuracy']:5.1f}%  ({last['train_seconds']:.0f} s)",
                 flush=True,
             )
-            _write(args, results)
+            store.save(args.output, settings, results)
     print(table(results, lengths, scores))
     if args.plot:
         plot(results, lengths, scores, args.plot)
     return 0
-
-
-def _settings(args):
-    return {k: v for k, v in vars(args).items() if k not in ("output", "plot", "data_dir")}
-
-
-def _comparable(settings):
-    """What must match for saved runs to be reused (lengths and scores may grow)."""
-    return {k: v for k, v in settings.items() if k not in ("lengths", "scores")}
-
-
-def _write(args, results):
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(
-            {"settings": _settings(args), "machine": _machine(), "results": results}, f, indent=1
-        )
-
-
-def _machine():
-    return f"{os.cpu_count()} CPU cores, keras {keras.__version__} ({keras.backend.backend()})"
 
 
 if __name__ == "__main__":
