@@ -204,3 +204,27 @@ def test_load_never_downloads(tmp_path):
 def test_importing_models_does_not_import_tfds():
     code = "import sys, models; assert 'tensorflow_datasets' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_size_configs_for_length_generalisation(tmp_path):
+    sorting = models.datasets.KerasAttnSorting.builder_configs
+    hull = models.datasets.KerasAttnConvexHull.builder_configs
+    assert (sorting["n5-20"].min_len, sorting["n5-20"].max_len) == (5, 20)
+    assert (hull["n5-50"].min_len, hull["n5-50"].max_len) == (5, 50)
+    for config in (sorting["n50"], sorting["n100"], hull["n100"], hull["n200"]):
+        assert config.min_len == config.max_len and config.num_train == 10_000
+        assert config.num_test == 2_000
+    mixed = tfds.builder("keras_attn_sorting/n5-20", data_dir=tmp_path)  # code only, no data
+    assert mixed.info.features["inputs"].shape == (None, 1)
+    rng = np.random.default_rng(0)
+    lengths = set()
+    for _ in range(50):  # the generator itself, without preparing 100,000 examples
+        example = mixed._example(rng)
+        x, y = example["inputs"], example["targets"]
+        lengths.add(len(x))
+        assert (np.diff(x[y, 0]) > 0).all() and sorted(y.tolist()) == list(range(len(x)))
+    assert lengths <= set(range(5, 21)) and len(lengths) > 5
+    big = tfds.builder("keras_attn_convex_hull/n200", data_dir=tmp_path)
+    example = big._example(rng)
+    assert example["inputs"].shape == (200, 2)
+    check_hull(example["inputs"], example["targets"])

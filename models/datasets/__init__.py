@@ -2,8 +2,10 @@
 
 Importing this package registers the builders with tensorflow-datasets:
 
-- `keras_attn_sorting/{n5,n10,n15,tiny}`: floats `(n, 1)` -> argsort pointers `(n,)`;
-- `keras_attn_convex_hull/{n5,n10,n50,n5-50,tiny}`: points `(n, 2)` -> hull indices `(k,)`;
+- `keras_attn_sorting/{n5,n10,n15,n20,n5-20,n50,n100,tiny}`: floats `(n, 1)` -> argsort
+  pointers `(n,)`;
+- `keras_attn_convex_hull/{n5,n10,n50,n5-50,n100,n200,tiny}`: points `(n, 2)` -> hull
+  indices `(k,)`;
 - `keras_attn_seq2seq/{copy-5-20,reverse-5-20,reverse-5-50,addition-1-5,addition-1-10}` and
   `tiny-{copy,reverse,addition}`: text -> text (`Translation`, like `ted_hrlr_translate`).
 - `keras_attn_ui_strings/pt_to_en` (Django and Sphinx message translations, like

@@ -48,6 +48,11 @@ def _tiny(name, **kwargs):
     return SyntheticConfig(name=name, num_train=256, num_validation=64, num_test=64, **kwargs)
 
 
+def _evaluation(name, **kwargs):
+    """A config for testing generalisation to a larger size: a smaller `train` split."""
+    return SyntheticConfig(name=name, num_train=10_000, **kwargs)
+
+
 class _SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Shared split logic: seeded generation, held-out splits disjoint from `train`."""
 
@@ -97,8 +102,10 @@ class KerasAttnSorting(_SyntheticBuilder):
     """Sorting for pointer networks: n floats in [0, 1) -> the argsort pointers.
 
     `inputs` float32 `(n, 1)` holds distinct uniform floats, `targets` int32 `(n,)` the
-    indices that sort them: `inputs[targets, 0]` is ascending. Configs `n5`, `n10`, `n15`
-    (100,000 train, 2,000 validation, 2,000 test) and `tiny` (n=5; 256/64/64).
+    indices that sort them: `inputs[targets, 0]` is ascending. Configs `n5`, `n10`, `n15`,
+    `n20` and `n5-20` (n uniform in 5..20, so `inputs` is `(None, 1)`), each 100,000 train,
+    2,000 validation, 2,000 test; `n50` and `n100` (10,000 train: sizes to evaluate length
+    generalisation at); `tiny` (n=5; 256/64/64). Mixed sizes pad as the convex hull does.
 
     Example:
 
@@ -114,7 +121,9 @@ class KerasAttnSorting(_SyntheticBuilder):
     """
 
     BUILDER_CONFIGS = [
-        *(SyntheticConfig(name=f"n{n}", min_len=n, max_len=n) for n in (5, 10, 15)),
+        *(SyntheticConfig(name=f"n{n}", min_len=n, max_len=n) for n in (5, 10, 15, 20)),
+        SyntheticConfig(name="n5-20", min_len=5, max_len=20),
+        *(_evaluation(f"n{n}", min_len=n, max_len=n) for n in (50, 100)),
         _tiny("tiny", min_len=5, max_len=5),
     ]
 
@@ -149,7 +158,8 @@ class KerasAttnConvexHull(_SyntheticBuilder):
     k varies) the hull vertices counter-clockwise, starting at the lowest index, as in
     Pointer Networks (0-based here). Configs `n5`, `n10`, `n50`, `n5-50` (n uniform in
     5..50, so `inputs` is `(None, 2)`), each 100,000 train, 2,000 validation, 2,000 test;
-    `tiny` (n in 5..10; 256/64/64).
+    `n100` and `n200` (10,000 train: the paper's generalisation sizes); `tiny` (n in 5..10;
+    256/64/64).
 
     Padding: `padded_batch` with `padding_values=(PAD_VALUE, PAD_INDEX)` (what `load(...,
     batch_size=B)` does) pads points with -1.0, outside the unit square, so
@@ -173,6 +183,7 @@ class KerasAttnConvexHull(_SyntheticBuilder):
     BUILDER_CONFIGS = [
         *(SyntheticConfig(name=f"n{n}", min_len=n, max_len=n) for n in (5, 10, 50)),
         SyntheticConfig(name="n5-50", min_len=5, max_len=50),
+        *(_evaluation(f"n{n}", min_len=n, max_len=n) for n in (100, 200)),
         _tiny("tiny", min_len=5, max_len=10),
     ]
 

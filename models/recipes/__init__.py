@@ -32,11 +32,11 @@ from models.recipes.text_classification import imdb_task
 
 TASKS = {
     "pointer-sort": (
-        "pointer network (LSTM encoder) sorting 5 numbers: keras_attn_sorting/n5",
+        "pointer network (Transformer set encoder) sorting: keras_attn_sorting/n5 (--n 5-20 ...)",
         pointer_task("pointer-sort", "keras_attn_sorting/n5"),
     ),
     "pointer-hull": (
-        "pointer network on convex hulls (closed as in the paper): keras_attn_convex_hull/n5",
+        "pointer network on convex hulls, beam search: keras_attn_convex_hull/n5 (--n 5-50 ...)",
         pointer_task("pointer-hull", "keras_attn_convex_hull/n5"),
     ),
     "transformer-reverse": (

@@ -38,7 +38,10 @@ def seq2seq_task(task_name, default_dataset, architecture):
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             weighted_metrics=["accuracy"],
         )
-        model.fit(batched.map(to_features), epochs=settings.epochs or 5, shuffle=False)
+        model.fit(
+            batched.map(to_features), epochs=settings.epochs or 5, shuffle=False,
+            callbacks=settings.callbacks(),
+        )  # fmt: skip
 
         sources, targets = zip(*test.as_numpy_iterator(), strict=True)
         source_ids = np.asarray(source_vectorizer(np.array(sources)))
