@@ -74,18 +74,8 @@ def check_floating(name, x):
         )
 
 
-def check_mask_dtype(name, mask):
-    """`TypeError` unless `mask` is boolean or integer (nonzero = attend).
-
-    A float mask is refused: an additive mask (0 = keep, -1e9 = drop) read as
-    "nonzero = attend" would be inverted, silently.
-    """
-    dtype = keras.backend.standardize_dtype(mask.dtype)
-    if dtype != "bool" and not keras.backend.is_int_dtype(dtype):
-        raise TypeError(
-            f"`{name}` must be a boolean mask (True = may attend; integer 0/1 also "
-            f"accepted), not an additive float mask. Received: {name}.dtype={dtype}"
-        )
+# Masks must be boolean (or integer); the check lives with the mask math.
+check_mask_dtype = ops.check_mask_dtype
 
 
 def check_input_shapes(query_shape, value_shape, key_shape=None):
@@ -105,16 +95,17 @@ def check_input_shapes(query_shape, value_shape, key_shape=None):
     return tuple(query_shape), tuple(key_shape)
 
 
-def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_causal_mask, key=None):
-    """The prelude every attention layer's `call` shares.
+def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None):
+    """The checks every attention layer's `call` starts with, and the rank-2 query.
 
     The inputs must be floating point. A rank-2 query `(B, dq)` becomes
-    `(B, 1, dq)` (its masks following: `query_mask (B,)`, `attention_mask
-    (B, Tv)`), the explicit masks are checked, and all masks are merged into one.
+    `(B, 1, dq)`, its masks following (`query_mask (B,)` -> `(B, 1)`,
+    `attention_mask (B, Tv)` -> `(B, 1, Tv)`), and the explicit masks are
+    checked (`check_masks`).
 
     Returns:
-        `(query, mask, single_query)`: the rank-3 query, the boolean mask
-        `(B or 1, Tq, Tv)` or `None`, and whether the query was rank 2.
+        `(query, query_mask, attention_mask, single_query)`: the rank-3 query,
+        its masks, and whether the query was rank 2.
     """
     for name, x in (("query", query), ("value", value), ("key", key)):
         if x is not None:
@@ -133,6 +124,19 @@ def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_cau
             check_rank("attention_mask", attention_mask.shape, (2,))
             attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
     check_masks(query, value, query_mask, value_mask, attention_mask)
+    return query, query_mask, attention_mask, single_query
+
+
+def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_causal_mask, key=None):
+    """The prelude every attention layer's `call` shares: `prepare_query`, then one mask.
+
+    Returns:
+        `(query, mask, single_query)`: the rank-3 query, the boolean mask
+        `(B or 1, Tq, Tv)` or `None`, and whether the query was rank 2.
+    """
+    query, query_mask, attention_mask, single_query = prepare_query(
+        query, value, query_mask, value_mask, attention_mask, key=key
+    )
     mask = ops.compute_attention_mask(
         kops.shape(query)[1],
         kops.shape(value)[1],
@@ -207,31 +211,10 @@ def check_masks(query, value, query_mask, value_mask, attention_mask):
         )
 
 
-def finite_weighted_sum(weights, value):
-    """`sum_j w_ij v_j` in which a zero weight contributes exactly nothing.
-
-    A plain matmul computes `0 * nan = nan`: a NaN or inf value at a masked
-    (padded, future) key would reach every row. Here the value rows holding a
-    non-finite entry are zeroed first, then the rows that give such a value a
-    non-zero weight are set to NaN: a non-finite value at a visible key still
-    propagates, to the rows that see it (all their channels).
-
-    Args:
-        weights: `(..., Tq, Tv)`.
-        value: `(..., Tv, dv)`.
-
-    Returns:
-        `(..., Tq, dv)`, bit-identical to `ops.weighted_sum` for finite values.
-    """
-    finite = kops.all(kops.isfinite(value), axis=-1)  # (..., Tv)
-    safe_value = kops.where(kops.expand_dims(finite, -1), value, kops.zeros_like(value))
-    output = ops.weighted_sum(weights, safe_value)  # (..., Tq, dv)
-    sees_nonfinite = kops.any(
-        kops.logical_and(kops.not_equal(weights, 0), kops.expand_dims(~finite, -2)),
-        axis=-1,
-        keepdims=True,
-    )  # (..., Tq, 1)
-    return kops.where(sees_nonfinite, kops.cast(float("nan"), output.dtype), output)
+# `sum_j w_ij v_j` in which a zero weight contributes exactly nothing, even
+# against a NaN or inf value: `keras_attn.ops.weighted_sum` (the name is kept
+# for the layers that import it).
+finite_weighted_sum = ops.weighted_sum
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -21,13 +21,16 @@ Masking happens per block: a boolean mask broadcastable to `(..., Tq, Tv)`
 is sliced along its key axis (a key-padding mask `(..., 1, Tv)` stays
 `O(Tv)`; a full mask is only as large as the caller made it), and the causal
 mask is computed from the block's positions. A row with no visible key gives
-a zero output and zero gradients, never NaN.
+a zero output and zero gradients, never NaN. A NaN or inf key or value at a
+masked position changes nothing (`keras_attn.finite`).
 """
 
 import math
 
 import keras
 from keras import ops
+
+from keras_attn import finite
 
 # Bias added to masked scores (an add costs half a `where` on a score tile).
 # Softmax runs in float32; exp(s + _FILL - m) is exactly 0 for any running
@@ -74,9 +77,10 @@ def block_size_for(query, value_length, tile_elements=TILE_ELEMENTS):
     """The default key block `Bk`: a power of two in [64, 1024] with a tile near `tile_elements`.
 
     A tile is the `(..., Tq, Bk)` score block; dimensions unknown at trace
-    time count as 1. `Bk` never exceeds the key length rounded up to a power of two.
+    time (None, or symbolic in a JAX export) count as 1. `Bk` never exceeds the key
+    length rounded up to a power of two.
     """
-    rows = math.prod(d for d in query.shape[:-1] if d is not None)
+    rows = math.prod(d for d in query.shape[:-1] if isinstance(d, int))
     block = 2 ** max(6, min(10, int(math.log2(max(1, tile_elements // max(rows, 1))))))
     if value_length is not None:
         block = min(block, 2 ** math.ceil(math.log2(max(value_length, 1))))
@@ -150,20 +154,23 @@ def chunked_attention(query, key, value, mask=None, is_causal=False, scale=None,
             )
         scale = 1.0 / math.sqrt(query.shape[-1])
     query_length, value_length = _dims(query)[-2], _dims(key)[-2]
-    static_length = key.shape[-2]
+    static_length = key.shape[-2] if isinstance(key.shape[-2], int) else None
+    # Non-finite keys and values zeroed and flagged: a NaN at a masked position
+    # then reaches no block's sum (keras_attn.finite).
+    value, key, flag = finite.zero_nonfinite(value, key)  # flag: (..., Tv, 1)
     block = int(block_size or block_size_for(query, static_length))
     if block <= 0:
         raise ValueError(f"`block_size` must be positive. Received: block_size={block_size}")
     if static_length is not None:
         num_blocks = -(-static_length // block)
         pad = num_blocks * block - static_length
-        key, value = _pad_axis(key, -2, pad), _pad_axis(value, -2, pad)
+        key, value, flag = (_pad_axis(x, -2, pad) for x in (key, value, flag))
         tail = pad > 0
     else:  # unknown length: pad by a traced amount, always mask the tail
         num_blocks = (value_length + block - 1) // block
         pad = num_blocks * block - value_length
         widths = [[0, 0]] * (len(key.shape) - 2) + [[0, pad], [0, 0]]
-        key, value = ops.pad(key, widths), ops.pad(value, widths)
+        key, value, flag = (ops.pad(x, widths) for x in (key, value, flag))
         tail = True
     if mask is not None:
         mask = ops.cast(mask, "bool") if mask.dtype != "bool" else mask
@@ -191,7 +198,7 @@ def chunked_attention(query, key, value, mask=None, is_causal=False, scale=None,
         return out
 
     q = query * ops.cast(scale, query.dtype)  # scaling Tq * dk values, not Tq * Tv
-    return _attend(q, key, value, visible, block, num_blocks)
+    return _attend(q, key, value, flag, visible, block, num_blocks)
 
 
 def _scores(q, k_block, visible):
@@ -222,52 +229,59 @@ def _fori_loop(num_blocks, body, init):
     return ops.fori_loop(0, num_blocks, body, init)
 
 
-def _attend(q, k, v, visible, block, num_blocks):
+def _attend(q, k, v, flag, visible, block, num_blocks):
     @ops.custom_gradient
     def attend(q, k, v):
-        out, lse = _forward(q, k, v, visible, block, num_blocks)  # out: float32
+        out, lse, seen = _forward(q, k, v, flag, visible, block, num_blocks)  # out: float32
 
         def grad(*args, upstream=None):
             upstream = args[0] if upstream is None else upstream
             return _backward(q, k, v, out, lse, upstream, visible, block, num_blocks)
 
-        return ops.cast(out, v.dtype), grad
+        # NaN on the rows that see a non-finite key or value (forward only).
+        seen_out = ops.where(seen > 0, float("nan"), out)
+        return ops.cast(seen_out, v.dtype), grad
 
     return attend(q, k, v)
 
 
-def _forward(q, k, v, visible, block, num_blocks):
+def _forward(q, k, v, flag, visible, block, num_blocks):
     rows = _dims(q)[:-1]  # (..., Tq)
     m = ops.full(rows + [1], _M_INIT, "float32")
     l = ops.zeros(rows + [1], "float32")  # noqa: E741 (the paper's name)
     acc = ops.zeros(rows + [v.shape[-1]], "float32")
+    # `l` restricted to the flagged (non-finite) keys: > 0 when a row sees one.
+    seen = ops.zeros(rows + [1], "float32")
+    flag = ops.cast(flag, "float32")
     # P V in float32 (a no-op cast for float32 inputs): the backward pass's
     # rowsum(dO * O) then equals rowsum(P * dP) for bfloat16 inputs too, and
     # their gradients are as close to float32 as the dense path's.
     v32 = ops.cast(v, "float32")
 
     def step(j, carry):
-        m, l, acc = carry  # noqa: E741
+        m, l, acc, seen = carry  # noqa: E741
         s = _scores(q, _slice_axis(k, -2, j * block, block), visible(j))
         m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
         p = ops.exp(s - m_new)
         alpha = ops.exp(m - m_new)
         pv = ops.matmul(p, _slice_axis(v32, -2, j * block, block))  # (..., Tq, dv)
+        p_flag = ops.matmul(p, _slice_axis(flag, -2, j * block, block))  # (..., Tq, 1)
         return (
             m_new,
             l * alpha + ops.sum(p, axis=-1, keepdims=True),
             acc * alpha + pv,
+            seen * alpha + p_flag,
         )
 
-    m, l, acc = _fori_loop(num_blocks, step, (m, l, acc))  # noqa: E741
-    seen = l > 0
-    safe_l = ops.where(seen, l, 1.0)
+    m, l, acc, seen = _fori_loop(num_blocks, step, (m, l, acc, seen))  # noqa: E741
+    any_key = l > 0
+    safe_l = ops.where(any_key, l, 1.0)
     # Kept in float32 for the backward pass: rowsum(dO * O) from an output
     # rounded to bfloat16 would not cancel against rowsum(P * dP).
     out = acc / safe_l
     # A row that saw nothing gets lse = 0: every recomputed p = exp(_FILL - 0) = 0.
-    lse = ops.where(seen, m + ops.log(safe_l), 0.0)
-    return out, lse
+    lse = ops.where(any_key, m + ops.log(safe_l), 0.0)
+    return out, lse, seen
 
 
 def _backward(q, k, v, out, lse, d_out, visible, block, num_blocks):

@@ -28,6 +28,8 @@ import math
 import keras
 from keras import ops
 
+from keras_attn import finite
+
 # Bias of masked scores (float32): exp(s + _FILL - max) is exactly 0, and
 # unlike the most negative float32, s + _FILL cannot overflow to -inf.
 _FILL = -1e30
@@ -54,7 +56,9 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None):
 
     Returns:
         `(..., Tq, dv)` in the dtype of `value`; rows with no visible key
-        are zero, with zero (finite) gradients.
+        are zero, with zero (finite) gradients. A NaN or inf key or value at
+        a masked position changes nothing; at a visible one, the rows that
+        see it are NaN (`keras_attn.finite`).
 
     Example:
 
@@ -82,17 +86,21 @@ def fused_attention(query, key, value, mask=None, is_causal=False, scale=None):
         bias = ops.where(mask, 0.0, _FILL)  # float32, on the mask's shape
         visible = ops.any(mask, axis=-1, keepdims=True)  # (..., Tq, 1)
     q = query * ops.cast(scale, query.dtype)  # scaling Tq * dk values, not Tq * Tv
-    out = _attend(q, key, value, bias)
+    value, key, flag = finite.zero_nonfinite(value, key)
+    out = _attend(q, key, value, bias, flag)
     return out if visible is None else ops.where(visible, out, ops.zeros_like(out))
 
 
-def _attend(q, k, v, bias):
+def _attend(q, k, v, bias, flag):
     @ops.custom_gradient
     def attend(q, k, v):
         scores = ops.cast(ops.matmul(q, _swap_last(k)), "float32")
         probs = ops.softmax(scores if bias is None else scores + bias, axis=-1)
         probs_low = ops.cast(probs, v.dtype)
         out = ops.matmul(probs_low, v)
+        # NaN on the rows that see a non-finite key or value (forward only: the
+        # backward pass runs on the zeroed ones).
+        seen_out = finite.nan_where_seen(out, probs_low, flag)
 
         def grad(*args, upstream=None):
             d_out = args[0] if upstream is None else upstream
@@ -106,7 +114,7 @@ def _attend(q, k, v, bias):
             d_scores = ops.cast(probs * (d_probs - delta), q.dtype)
             return ops.matmul(d_scores, k), ops.matmul(_swap_last(d_scores), q), d_v
 
-        return out, grad
+        return seen_out, grad
 
     return attend(q, k, v)
 

@@ -4,16 +4,15 @@ import keras
 from keras import ops as kops
 
 from keras_attn import ops
+from keras_attn._cache import call_cached
 from keras_attn.base import (
-    check_dim,
     check_input_shapes,
-    check_masks,
     check_positive_int,
-    check_rank,
     check_rate,
     deserialize_optional_layer,
     finish_outputs,
     prepare_inputs,
+    prepare_query,
     serialize_optional_layer,
 )
 from keras_attn.chunked import chunked_attention
@@ -88,7 +87,16 @@ class MultiHeadAttention(keras.layers.Layer):
         the weights `(B, h, Tq, Tv)` (`Tv = S` with a cache); with a cache
         the updated cache comes last: `(output, [weights,] cache)`. A query
         row with no visible key returns zeros (after the output projection
-        and its bias) and zero weights.
+        and its bias) and zero weights. A NaN or inf at a masked key or value
+        (padding, a future step) never reaches the output, on every path
+        (`keras_attn.finite`); one at a visible position makes the rows that
+        see it NaN.
+
+    Raises:
+        ValueError: inputs of another width than the layer was built for, a
+            `cache_update_index` (a Python int) at which the new tokens do not
+            fit in the cache, and the shape checks of every attention layer.
+        TypeError: non-float inputs, float masks.
 
     Example:
 
@@ -203,6 +211,12 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key_dense.build(key_shape)
         self.value_dense.build(value_shape)
         self.output_dense.build((query_shape[0], query_shape[1], self.num_heads, value_dim))
+        # The EinsumDense projections do not check their input width: call() does.
+        self._built_widths = {
+            "query": query_shape[-1],
+            "key": key_shape[-1],
+            "value": tuple(value_shape)[-1],
+        }
         self.built = True
 
     def _heads(self, x):
@@ -269,9 +283,10 @@ class MultiHeadAttention(keras.layers.Layer):
         cache=None,
         cache_update_index=None,
     ):
+        self._check_built_widths(query, value, key)
         if cache is not None:
-            return self._call_cached(
-                query, value, key, query_mask, value_mask, attention_mask, use_causal_mask,
+            return call_cached(
+                self, query, value, key, query_mask, value_mask, attention_mask, use_causal_mask,
                 return_attention_scores, training, cache, cache_update_index,
             )  # fmt: skip
         if value is None:
@@ -299,6 +314,18 @@ class MultiHeadAttention(keras.layers.Layer):
             return self._finish(output, mask, single_query)
         return finish_outputs(output, weights, mask, single_query, return_attention_scores)
 
+    def _check_built_widths(self, query, value, key):
+        """`ValueError` unless the inputs have the widths the projections were built for."""
+        inputs = {"query": query, "value": value, "key": value if key is None else key}
+        for name, x in inputs.items():
+            width = self._built_widths[name]
+            if x is not None and x.shape[-1] is not None and x.shape[-1] != width:
+                name = "value" if key is None and name == "key" else name
+                raise ValueError(
+                    f"`{name}` must have width {width}, the width this layer was built for. "
+                    f"Received: {name}.shape={tuple(x.shape)}"
+                )
+
     def _implementation(self, shape, return_attention_scores, training):
         """`"dense"` or `"chunked"` for a call with static `(B, Tq, Tv)` (see `implementation`)."""
         if return_attention_scores:
@@ -320,20 +347,15 @@ class MultiHeadAttention(keras.layers.Layer):
         self, query, value, key, query_mask, value_mask, attention_mask, use_causal_mask
     ):
         """The call on the chunked path: no `(Tq, Tv)` tensor unless `attention_mask` is one."""
-        single_query = len(query.shape) == 2
-        if single_query:
-            query = kops.expand_dims(query, 1)  # (B, 1, dq)
-            query_mask = None if query_mask is None else kops.reshape(query_mask, (-1, 1))
-            if attention_mask is not None:
-                check_rank("attention_mask", attention_mask.shape, (2,))
-                attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
-        check_masks(query, value, query_mask, value_mask, attention_mask)
+        query, query_mask, attention_mask, single_query = prepare_query(
+            query, value, query_mask, value_mask, attention_mask, key=key
+        )
         q = self._heads(self._rotate(self.query_dense(query)))  # (B, h, Tq, dk)
         k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
         v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
         # Padded keys as (B, 1, 1, Tv); padded queries are zeroed after the projection.
         mask = ops.merge_masks(
-            None if value_mask is None else value_mask[:, None, None, :],
+            None if value_mask is None else ops.as_bool_mask(value_mask)[:, None, None, :],
             None if attention_mask is None else kops.expand_dims(attention_mask, 1),
         )
         heads = chunked_attention(
@@ -370,77 +392,6 @@ class MultiHeadAttention(keras.layers.Layer):
             return_weights=return_weights,
         )
         return self.output_dense(kops.transpose(heads, (0, 2, 1, 3))), weights
-
-    def _call_cached(
-        self,
-        query,
-        value,
-        key,
-        query_mask,
-        value_mask,
-        attention_mask,
-        use_causal_mask,
-        return_attention_scores,
-        training,
-        cache,
-        cache_update_index,
-    ):
-        check_rank("query", query.shape, (3,))
-        if not isinstance(cache, (tuple, list)) or len(cache) != 2:
-            raise TypeError(
-                "`cache` must be a pair `(key_cache, value_cache)`. "
-                f"Received: cache={type(cache).__name__}"
-            )
-        key_cache, value_cache = cache  # (B, g, S, dk), (B, g, S, dv)
-        check_rank("cache", key_cache.shape, (4,))
-        query_length, cache_length = kops.shape(query)[1], kops.shape(key_cache)[2]
-        index = cache_update_index
-        if index is None:  # cross-attention over precomputed keys and values
-            if value is not None or key is not None:
-                raise ValueError(
-                    "With `cache_update_index=None` the cache holds the keys and values: "
-                    "pass no `value` or `key`."
-                )
-            mask = ops.compute_attention_mask(
-                query_length, cache_length, query_mask, value_mask, None, use_causal_mask
-            )
-            start = 0
-        else:
-            if value is None:
-                raise ValueError("`value` (the new tokens) is required with `cache_update_index`.")
-            key = value if key is None else key
-            check_dim("query", query.shape[1], "value", value.shape[1], "length (new tokens)")
-            k_new = self._heads(self._rotate(self.key_dense(key), index))  # (B, g, Tq, dk)
-            v_new = self._heads(self.value_dense(value))  # (B, g, Tq, dv)
-            zero = kops.zeros((), "int32")
-            start_indices = (zero, zero, kops.cast(index, "int32"), zero)
-            key_cache = kops.slice_update(key_cache, start_indices, k_new)
-            value_cache = kops.slice_update(value_cache, start_indices, v_new)
-            mask = ops.cache_mask(
-                query_length, cache_length, index, value_mask, use_causal_mask
-            )  # (B or 1, Tq, S)
-            mask = ops.merge_masks(
-                mask, None if query_mask is None else kops.expand_dims(query_mask, -1)
-            )
-            start = index
-        if attention_mask is not None:
-            check_rank("attention_mask", attention_mask.shape, (3,))
-            check_dim("attention_mask", attention_mask.shape[2], "cache", key_cache.shape[2],
-                      "length (axis 2 of the mask, axis 2 of the cache)")  # fmt: skip
-            mask = ops.merge_masks(mask, attention_mask)
-        q = self._heads(self._rotate(self.query_dense(query), start))  # (B, h, Tq, dk)
-        implementation = self._implementation(
-            (query.shape[0], query.shape[1], key_cache.shape[2]), return_attention_scores, training
-        )
-        output, weights = self._attend(
-            q, key_cache, value_cache, mask, training, implementation, return_attention_scores
-        )
-        if weights is None:
-            outputs = self._finish(output, None if mask is None else ops.visible_rows(mask), False)
-        else:
-            outputs = finish_outputs(output, weights, mask, False, return_attention_scores)
-        outputs = outputs if return_attention_scores else (outputs,)
-        return (*outputs, (key_cache, value_cache))
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)

@@ -9,9 +9,11 @@ Shapes use `B` (batch), `Tq` (query length), `Tv` (key/value length), `dk`
 (key width), `dv` (value width). Every function accepts any number of leading
 batch axes (`(..., Tq, dk)`), so multi-head code can pass `(B, H, Tq, dk)`.
 
-Masks are boolean, `True` means "may attend". A masked key gets exactly zero
-weight, and a query row with no visible key gets all-zero weights (and so a zero
-output), never NaN and never a uniform average over padding.
+Masks are boolean, `True` means "may attend" (built and checked in
+`keras_attn.masks`, re-exported here). A masked key gets exactly zero weight,
+and a query row with no visible key gets all-zero weights (and so a zero
+output), never NaN and never a uniform average over padding. A NaN or inf at a
+masked key never reaches an output (`keras_attn.finite`).
 """
 
 import math
@@ -19,8 +21,45 @@ import math
 import numpy as np
 from keras import ops, random
 
+from keras_attn import finite
 from keras_attn.chunked import chunked_attention
 from keras_attn.fused import fused_attention
+from keras_attn.masks import (
+    as_bool_mask,
+    cache_mask,
+    causal_mask,
+    check_mask_broadcast,
+    check_mask_dtype,
+    chosen_positions_mask,
+    compute_attention_mask,
+    merge_masks,
+    visible_query_rows,
+    visible_rows,
+)
+
+__all__ = [
+    "CHUNKED_MIN_SCORES",
+    "IMPLEMENTATIONS",
+    "additive_score",
+    "as_bool_mask",
+    "attention",
+    "bilinear_score",
+    "cache_mask",
+    "causal_mask",
+    "check_mask_broadcast",
+    "check_mask_dtype",
+    "choose_implementation",
+    "chosen_positions_mask",
+    "compute_attention_mask",
+    "dot_score",
+    "dropout_weights",
+    "masked_softmax",
+    "merge_masks",
+    "scaled_dot_score",
+    "visible_query_rows",
+    "visible_rows",
+    "weighted_sum",
+]
 
 # Fill value for masked scores. Softmax runs in float32, so the most negative
 # finite float32 is safe: exp(fill - max) underflows to exactly 0 for any finite
@@ -137,147 +176,6 @@ def _static_width(name, x):
 
 
 # ---------------------------------------------------------------------------
-# Masks
-# ---------------------------------------------------------------------------
-
-
-def causal_mask(query_length, value_length=None, query_start=None):
-    """Boolean `(Tq, Tv)` mask where query `i` sees keys `j <= query_start + i`.
-
-    `query_start` defaults to `Tv - Tq`: with `Tq == Tv` this is the lower
-    triangle, and with `Tq < Tv` the mask is aligned to the end, so the last
-    `Tq` positions of a sequence of length `Tv` see exactly what they would
-    see in a full pass. Cached decoding passes the cache index instead.
-    """
-    if value_length is None:
-        value_length = query_length
-    if query_start is None:
-        query_start = value_length - query_length
-    rows = ops.expand_dims(ops.arange(query_length), 1) + ops.cast(query_start, "int32")
-    cols = ops.expand_dims(ops.arange(value_length), 0)
-    return rows >= cols
-
-
-def cache_mask(query_length, cache_length, cache_index, value_mask=None, use_causal_mask=True):
-    """The keys a cached decoding step may see: `(1 or B, Tq, S)` bool.
-
-    The `Tq` new tokens sit at positions `cache_index .. cache_index + Tq - 1`
-    of a cache of length `S`. Positions not written yet are never visible;
-    with `use_causal_mask` token `i` also sees only positions
-    `<= cache_index + i`. `value_mask (B, Tq)` marks padding among the new
-    tokens; earlier cache positions count as visible (right padding, the
-    usual case, then gives exactly the full pass; for padding before the end
-    pass an `attention_mask` over the whole cache instead).
-    """
-    if use_causal_mask:
-        visible = causal_mask(query_length, cache_length, query_start=cache_index)
-    else:
-        written = ops.arange(cache_length) < ops.cast(cache_index, "int32") + query_length
-        visible = ops.expand_dims(written, 0)  # (1, S)
-    visible = ops.expand_dims(visible, 0)  # (1, Tq or 1, S)
-    if value_mask is None:
-        return visible
-    value_mask = ops.cast(as_bool_mask(value_mask), "int32")  # (B, Tq)
-    batch_ones = ops.ones((ops.shape(value_mask)[0], cache_length), "int32")
-    index = ops.cast(cache_index, "int32")
-    full = ops.slice_update(batch_ones, (ops.zeros((), "int32"), index), value_mask)  # (B, S)
-    return ops.logical_and(visible, ops.expand_dims(ops.cast(full, "bool"), 1))
-
-
-def merge_masks(*masks):
-    """Logical AND of boolean masks that broadcast together; `None`s skipped.
-
-    Returns `None` when every mask is `None`.
-    """
-    merged = None
-    for mask in masks:
-        if mask is None:
-            continue
-        mask = as_bool_mask(mask)
-        merged = mask if merged is None else ops.logical_and(merged, mask)
-    return merged
-
-
-def as_bool_mask(mask):
-    """Casts a mask to bool (`True`/nonzero = attend)."""
-    if mask.dtype == "bool":
-        return mask
-    return ops.not_equal(mask, 0)
-
-
-def compute_attention_mask(
-    query_length,
-    value_length,
-    query_mask=None,
-    value_mask=None,
-    attention_mask=None,
-    use_causal_mask=False,
-):
-    """Merges query, value, explicit and causal masks into one boolean mask.
-
-    Args:
-        query_length: `Tq` (int or scalar tensor).
-        value_length: `Tv`.
-        query_mask: `(B, Tq)` or `None`; `False` rows are padding.
-        value_mask: `(B, Tv)` or `None`; `False` keys are padding.
-        attention_mask: `(B, Tq, Tv)` or anything broadcastable to it.
-        use_causal_mask: add `causal_mask(Tq, Tv)`.
-
-    Returns:
-        A rank-3 boolean mask, `(B, Tq, Tv)` or `(1, Tq, Tv)` (causal only),
-        or `None` when there is nothing to mask.
-    """
-    q = None if query_mask is None else ops.expand_dims(as_bool_mask(query_mask), -1)
-    v = None if value_mask is None else ops.expand_dims(as_bool_mask(value_mask), -2)
-    c = ops.expand_dims(causal_mask(query_length, value_length), 0) if use_causal_mask else None
-    return merge_masks(q, v, attention_mask, c)
-
-
-def visible_rows(mask):
-    """`(..., Tq, 1)` bool: whether each query row sees at least one key."""
-    return ops.any(mask, axis=-1, keepdims=True)
-
-
-def visible_query_rows(
-    query_length,
-    value_length,
-    query_mask=None,
-    value_mask=None,
-    attention_mask=None,
-    use_causal_mask=False,
-):
-    """`visible_rows(compute_attention_mask(...))` without the `(Tq, Tv)` mask.
-
-    With only a query mask, a value mask and the causal mask, whether row `i`
-    sees a key is `query_mask[i]` and "some visible key `j <= i + Tv - Tq`",
-    read from a running count of the value mask: `O(Tq + Tv)`. An explicit
-    `attention_mask` is already `(B, Tq, Tv)`, so then the masks are merged.
-
-    Returns:
-        Boolean `(B or 1, Tq or 1, 1)`, or `None` when every row sees a key.
-    """
-    if attention_mask is not None:
-        mask = compute_attention_mask(
-            query_length, value_length, query_mask, value_mask, attention_mask, use_causal_mask
-        )
-        return visible_rows(mask)
-    seen = None
-    if use_causal_mask:
-        last = ops.arange(query_length) + ops.cast(value_length - query_length, "int32")
-        if value_mask is None:
-            seen = ops.expand_dims(last >= 0, 0)  # (1, Tq)
-        else:
-            counts = ops.cumsum(ops.cast(as_bool_mask(value_mask), "int32"), axis=-1)
-            before = ops.take(counts, ops.clip(last, 0, value_length - 1), axis=-1)  # (B, Tq)
-            seen = ops.logical_and(before > 0, ops.expand_dims(last >= 0, 0))
-    elif value_mask is not None:
-        seen = ops.any(as_bool_mask(value_mask), axis=-1, keepdims=True)  # (B, 1)
-    if query_mask is not None:
-        seen = merge_masks(seen, query_mask)
-    return None if seen is None else ops.expand_dims(seen, -1)
-
-
-# ---------------------------------------------------------------------------
 # Normalize, dropout, combine
 # ---------------------------------------------------------------------------
 
@@ -292,7 +190,9 @@ def masked_softmax(scores, mask=None, axis=-1):
 
     Args:
         scores: float tensor.
-        mask: boolean tensor broadcastable to `scores`, `True` = keep.
+        mask: boolean (or integer) tensor broadcastable to `scores`, `True` =
+            keep. A float mask raises `TypeError`, a static shape that does
+            not broadcast to the scores' `ValueError`.
         axis: axis to normalize over.
 
     Returns:
@@ -302,6 +202,7 @@ def masked_softmax(scores, mask=None, axis=-1):
     if mask is None:
         return ops.cast(ops.softmax(logits, axis=axis), scores.dtype)
     mask = as_bool_mask(mask)
+    check_mask_broadcast(mask, scores.shape)
     weights = ops.softmax(ops.where(mask, logits, _MASK_FILL), axis=axis)
     weights = ops.where(mask, weights, 0.0)
     return ops.cast(weights, scores.dtype)
@@ -319,8 +220,20 @@ def dropout_weights(weights, rate, training=False, seed=None):
 
 
 def weighted_sum(weights, value):
-    """`(..., Tq, Tv) x (..., Tv, dv) -> (..., Tq, dv)`: `sum_j w_ij v_j`."""
-    return ops.matmul(ops.cast(weights, value.dtype), value)
+    """`(..., Tq, Tv) x (..., Tv, dv) -> (..., Tq, dv)`: `sum_j w_ij v_j`.
+
+    A zero weight contributes exactly nothing, even against a NaN or inf
+    value: a plain matmul computes `0 * nan = nan`, and a non-finite value at
+    a masked (padded, future) key would reach every row. The value rows
+    holding a non-finite entry are zeroed, and the rows that give such a value
+    a non-zero weight are set to NaN (all their channels): a non-finite value
+    at a visible key still propagates, to the rows that see it. See
+    `keras_attn.finite`; the weights must be non-negative, as softmax weights
+    (after dropout) are.
+    """
+    value, _, flag = finite.zero_nonfinite(value)
+    weights = ops.cast(weights, value.dtype)
+    return finite.nan_where_seen(ops.matmul(weights, value), weights, flag)
 
 
 IMPLEMENTATIONS = ("auto", "dense", "chunked")
@@ -329,6 +242,21 @@ IMPLEMENTATIONS = ("auto", "dense", "chunked")
 # tensors alive): e.g. 8 heads at B=1 from L=8192, at B=8 from L=2896.
 # Below it the dense path is faster (measured 1.4-1.7x at L=4096-8192, B=1).
 CHUNKED_MIN_SCORES = 2**28
+
+
+def _check_attention_ranks(query, key, value):
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if len(x.shape) < 2:
+            raise ValueError(
+                f"`{name}` must have rank >= 2, `(..., length, width)`. "
+                f"Received: {name}.shape={tuple(x.shape)}"
+            )
+    if not len(query.shape) == len(key.shape) == len(value.shape):
+        raise ValueError(
+            "`query`, `key` and `value` must have the same rank. Received: "
+            f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}, "
+            f"value.shape={tuple(value.shape)}"
+        )
 
 
 def _dropout_active(rate, training):
@@ -365,9 +293,11 @@ def choose_implementation(implementation, scores_shape, dropout_rate, training):
         )
     if implementation != "auto":
         return implementation
-    if dropout or scores_shape[-1] is None or scores_shape[-2] is None:
+    # Known dims are ints; None (or a JAX symbolic dim, in `model.export`) is unknown.
+    known = [d if isinstance(d, int) else None for d in scores_shape]
+    if dropout or known[-1] is None or known[-2] is None:
         return "dense"
-    size = math.prod(d for d in scores_shape if d is not None)
+    size = math.prod(d for d in known if d is not None)
     return "chunked" if size >= CHUNKED_MIN_SCORES else "dense"
 
 
@@ -390,7 +320,8 @@ def attention(
         query: `(..., Tq, dk)`.
         key: `(..., Tv, dk)`.
         value: `(..., Tv, dv)`.
-        mask: boolean, broadcastable to `(..., Tq, Tv)`, `True` = attend.
+        mask: boolean (or integer), broadcastable to `(..., Tq, Tv)`, `True` =
+            attend. A float (additive) mask raises `TypeError`.
         is_causal: also apply `causal_mask(Tq, Tv)` (end-aligned).
         dropout_rate: dropout on the weights when `training`.
         scale: score multiplier; `None` means `1 / sqrt(dk)`.
@@ -413,7 +344,15 @@ def attention(
         `(output, weights)`: output `(..., Tq, dv)`, weights `(..., Tq, Tv)`,
         or `None` for the weights when the chunked path ran or
         `return_weights=False`. Rows with no visible key give zero weights
-        and a zero output.
+        and a zero output. A NaN or inf in a masked key or value never
+        reaches the output; one at a visible key makes the rows that see it
+        NaN (every path: see `keras_attn.finite`).
+
+    Raises:
+        ValueError: `query`, `key` and `value` of rank < 2 or of different
+            ranks, a `mask` whose static shape does not broadcast to
+            `(..., Tq, Tv)`, mismatched widths.
+        TypeError: a float `mask`.
 
     Example:
 
@@ -422,36 +361,24 @@ def attention(
     >>> print(out.shape, w.shape)
     (2, 4, 8) (2, 4, 4)
     """
-    implementation = choose_implementation(
-        implementation, (*query.shape[:-1], key.shape[-2]), dropout_rate, training
-    )
+    _check_attention_ranks(query, key, value)
+    scores_shape = (*query.shape[:-1], key.shape[-2])
+    if mask is not None:
+        mask = as_bool_mask(mask)
+        check_mask_broadcast(mask, scores_shape)
+    implementation = choose_implementation(implementation, scores_shape, dropout_rate, training)
     if implementation == "chunked":
         return chunked_attention(query, key, value, mask, is_causal, scale), None
     if not return_weights and not _dropout_active(dropout_rate, training):
         return fused_attention(query, key, value, mask, is_causal, scale), None
+    # Non-finite keys too: a NaN key at a masked position is then not in the
+    # gradient of the query either (dQ = dS K, and 0 * NaN = NaN).
+    value, key, flag = finite.zero_nonfinite(value, key)
     scores = scaled_dot_score(query, key, scale=scale)
     if is_causal:
         mask = merge_masks(mask, causal_mask(ops.shape(query)[-2], ops.shape(key)[-2]))
     weights = masked_softmax(scores, mask)
     weights = dropout_weights(weights, dropout_rate, training=training, seed=seed)
-    return weighted_sum(weights, value), weights if return_weights else None
-
-
-def chosen_positions_mask(pointers, num_positions):
-    """Mask for pointer decoding: step `i` may not point at `pointers[:, :i]`.
-
-    Args:
-        pointers: `(B, Tq)` integer positions chosen at each decoding step
-            (the teacher-forced targets in training). Negative values are
-            ignored (use them for padding).
-        num_positions: `Tv`, the number of input positions.
-
-    Returns:
-        Boolean `(B, Tq, Tv)`: `False` where position `j` was already chosen
-        at a step before `i`.
-    """
-    pointers = ops.convert_to_tensor(pointers)
-    onehot = ops.one_hot(pointers, num_positions, dtype="int32")  # (B, Tq, Tv)
-    # Exclusive running count over steps: chosen strictly before step i.
-    chosen_before = ops.cumsum(onehot, axis=1) - onehot
-    return ops.equal(chosen_before, 0)
+    w = ops.cast(weights, value.dtype)
+    output = finite.nan_where_seen(ops.matmul(w, value), w, flag)
+    return output, weights if return_weights else None

@@ -144,8 +144,8 @@ class LearnedPositionalEmbedding(_PositionLayer):
         time (a compiled function with a dynamic length or a tensor
         `start_index`), a TensorFlow graph raises `InvalidArgumentError` with
         the same message; where no run-time check can run (XLA, i.e.
-        `jit_compile=True`), the rows past the end are NaN. Never a silently
-        clamped or repeated row.
+        `jit_compile=True`, and a traced `start_index` under JAX), the rows
+        past the end are NaN. Never a silently clamped or repeated row.
 
     Example:
 
@@ -177,7 +177,11 @@ class LearnedPositionalEmbedding(_PositionLayer):
             )
 
     def _assert_fits(self, end):
-        """The run-time form of `_check_length`, in a TensorFlow graph (XLA skips it)."""
+        """The run-time form of `_check_length`, in a TensorFlow graph (XLA skips it).
+
+        Other backends have no run-time assertion: there the rows past the
+        table are NaN (see `call`).
+        """
         if keras.backend.backend() != "tensorflow":
             return
         import tensorflow as tf

@@ -25,14 +25,17 @@ framework. Every check takes the same first arguments:
   masks included; sequences have their steps on axis 1.
 - `call_kwargs`: other arguments, passed unchanged (`use_causal_mask=True`,
   `return_attention_scores=True`, `training=True`, ...).
-- `jit_compile=True` runs each call in `tf.function(jit_compile=True)`; the
-  checks run on one `fn` with the same `call_kwargs` share the compilations.
+- `jit_compile=True` runs each call compiled with XLA: `tf.function(jit_compile=True)`
+  on the TensorFlow backend, `jax.jit` on JAX (the variables of a layer or
+  model `fn` passed in, through a `keras.StatelessScope`); the checks run on
+  one `fn` with the same `call_kwargs` share the compilations.
 
 A layer's non-trainable state (its seed generators, ...) is put back before
 every call, so with `training=True` seeded dropout draws the same randomness
 each time and the comparisons stay exact. Tolerances default to `1e-5`
 (absolute and relative), `1e-2` for float16 outputs and `5e-2` for bfloat16.
-TensorFlow is imported only by what needs it (SavedModel, gradients, XLA).
+The checks run on the TensorFlow and JAX backends; TensorFlow (or JAX) is
+imported only by what needs it (SavedModel, gradients, XLA).
 """
 
 import os
@@ -143,19 +146,75 @@ def _compiled_call(fn, call_kwargs):
         cache, ref = {}, lambda: fn
     if key not in cache:
         kwargs = dict(call_kwargs)
-        cache[key] = _compile(lambda tensors: _call(ref(), tensors, kwargs))
+        variables = list(fn.variables) if isinstance(fn, keras.layers.Layer) else []
+        cache[key] = _compile(lambda tensors: _call(ref(), tensors, kwargs), variables)
     return cache[key]
 
 
-def _compile(function):
+def _backend(what):
     backend = keras.backend.backend()
-    if backend != "tensorflow":
+    if backend not in ("tensorflow", "jax"):
         raise ValueError(
-            f"`jit_compile=True` needs the TensorFlow backend. Received: backend={backend!r}"
+            f"{what} needs the TensorFlow or the JAX backend. Received: backend={backend!r}"
         )
-    import tensorflow as tf
+    return backend
 
-    return tf.function(function, jit_compile=True, reduce_retracing=True)
+
+def _compile(function, variables=()):
+    """`function` compiled with XLA: `tf.function(jit_compile=True)` or `jax.jit`.
+
+    On JAX, `function` runs in a `keras.StatelessScope` in which `variables`
+    (the Keras variables it reads) take the values passed at each call: the
+    compiled function sees their current values, and their updates (e.g. a
+    seed generator's) are dropped instead of leaking tracers.
+    """
+    if _backend("`jit_compile=True`") == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=True, reduce_retracing=True)
+    import jax
+
+    variables = list(variables)
+
+    def pure(values, *args):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
+            return function(*args)
+
+    compiled = jax.jit(pure)
+    return lambda *args: compiled([v.value for v in variables], *args)
+
+
+def _value_and_gradients(function, sources, variables, loss, jit_compile=False):
+    """`(outputs, gradients)` of `outputs = function(*sources)` and the scalar `loss(outputs)`.
+
+    The gradients are with respect to `sources` (float tensors), then
+    `variables` (Keras variables): `tf.GradientTape` on TensorFlow,
+    `jax.value_and_grad` on JAX (the variables mapped in a
+    `keras.StatelessScope`). `jit_compile` compiles the whole step with XLA.
+    """
+    variables = list(variables)
+    if _backend("Taking gradients") == "tensorflow":
+        import tensorflow as tf
+
+        def step(*sources):
+            with tf.GradientTape() as tape:
+                tape.watch(sources)
+                outputs = function(*sources)
+                value = loss(outputs)
+            return outputs, tape.gradient(value, list(sources) + variables)
+
+        return (tf.function(step, jit_compile=True) if jit_compile else step)(*sources)
+    import jax
+
+    def pure(source_values, variable_values):
+        with keras.StatelessScope(state_mapping=list(zip(variables, variable_values, strict=True))):
+            outputs = function(*source_values)
+            return loss(outputs), outputs
+
+    step = jax.value_and_grad(pure, argnums=(0, 1), has_aux=True)
+    step = jax.jit(step) if jit_compile else step
+    (_, outputs), (d_sources, d_variables) = step(list(sources), [v.value for v in variables])
+    return outputs, list(d_sources) + list(d_variables)
 
 
 def _flatten(outputs):
@@ -488,7 +547,7 @@ def assert_fully_masked_rows_safe(
     gradients of `sum(outputs ** 2)` with respect to every float input and
     every trainable weight must be finite (`where(mask, softmax(...), 0)`
     alone is zero forward and NaN backward). Gradients need the TensorFlow
-    backend.
+    or the JAX backend.
 
     Args:
         fn, inputs, call_kwargs, jit_compile: see the module docstring.
@@ -523,13 +582,7 @@ def assert_fully_masked_rows_safe(
     ...     print(str(error)[:59])
     Fully masked rows: output 0 is not zero on the empty rows (
     """
-    if keras.backend.backend() != "tensorflow":
-        raise ValueError(
-            "assert_fully_masked_rows_safe takes gradients with the TensorFlow backend. "
-            f"Received: backend={keras.backend.backend()!r}"
-        )
-    import tensorflow as tf
-
+    _backend("assert_fully_masked_rows_safe (gradients)")
     inputs = _as_arrays(inputs)
     batch = _batch_size(inputs)
     rows = np.asarray(empty)
@@ -540,18 +593,16 @@ def assert_fully_masked_rows_safe(
     float_names = [n for n, v in inputs.items() if np.issubdtype(v.dtype, np.floating)]
     weights = list(fn.trainable_weights) if isinstance(fn, keras.layers.Layer) else []
 
-    def step(tensors):
-        sources = [tensors[name] for name in float_names]
-        with tf.GradientTape() as tape:
-            tape.watch(sources)
-            outputs = _flatten(runner.call(tensors))
-            squares = [
-                tf.reduce_sum(tf.cast(t, "float32") ** 2) for t in outputs if _is_float(t.dtype)
-            ]
-            loss = tf.add_n(squares + [tf.zeros(())])
-        return outputs, tape.gradient(loss, sources + weights)
+    def function(*sources):
+        return _flatten(runner.call({**tensors, **dict(zip(float_names, sources, strict=True))}))
 
-    outputs, gradients = (_compile(step) if jit_compile else step)(tensors)
+    def loss(outputs):
+        squares = [keras.ops.sum(keras.ops.cast(t, "float32") ** 2) for t in outputs
+                   if _is_float(t.dtype)]  # fmt: skip
+        return sum(squares, keras.ops.zeros(()))
+
+    sources = [tensors[name] for name in float_names]
+    outputs, gradients = _value_and_gradients(function, sources, weights, loss, jit_compile)
     for i, out in enumerate(_to_numpy(t) for t in outputs):
         if _is_float(out.dtype) and not np.all(np.isfinite(out)):
             raise AssertionError(f"Fully masked rows: output {i} has non-finite values")

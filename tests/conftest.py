@@ -9,6 +9,24 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "tensorflow_only: needs the TensorFlow backend (tf.function graphs, SavedModel, tfds); "
+        "skipped on other Keras backends (KERAS_BACKEND=jax)",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return
+    skip = pytest.mark.skip(reason=f"TensorFlow only (KERAS_BACKEND={backend})")
+    for item in items:
+        if "tensorflow_only" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _reset_keras_state():
     """Each test starts from float32, seeded, with a fresh name scope."""

@@ -2,12 +2,46 @@
 
 It never branches on the layer's type; what differs between layers is described
 by the arguments (inputs, masks and which inputs they cover, call options).
+`compiled` and `value_and_grads` give the tests one way to compile and to take
+gradients on the TensorFlow and the JAX backend.
 """
 
 import keras
 import numpy as np
 
 from keras_attn import testing
+
+
+def compiled(function):
+    """`function` compiled with XLA: `tf.function(jit_compile=True)`, or `jax.jit` on JAX.
+
+    On JAX the Keras variables `function` reads are baked in as constants
+    when it is first traced: build layers first, and do not change their
+    weights afterwards.
+    """
+    return testing._compile(function)
+
+
+def value_and_grads(function, sources, variables=(), cotangent=None, jit=False):
+    """`(outputs, gradients)`: `outputs = function(*sources)` and the gradients of a loss.
+
+    The loss is `sum(float32(first output) * cotangent)` with a `cotangent`,
+    `sum(float32(output) ** 2)` over every output otherwise; the gradients are
+    with respect to `sources` (float tensors), then `variables` (e.g.
+    `layer.trainable_weights`). `jit` compiles the step. One call: outputs
+    drawn at random (dropout, sampling) are those the gradients belong to.
+    """
+    cotangent = None if cotangent is None else keras.ops.convert_to_tensor(cotangent, "float32")
+
+    def loss(outputs):
+        if cotangent is not None:
+            first = _as_list(outputs)[0]
+            return keras.ops.sum(keras.ops.cast(first, "float32") * cotangent)
+        squares = [keras.ops.sum(keras.ops.cast(t, "float32") ** 2) for t in _as_list(outputs)]
+        return sum(squares, keras.ops.zeros(()))
+
+    sources = [keras.ops.convert_to_tensor(x) for x in sources]
+    return testing._value_and_gradients(function, sources, variables, loss, jit)
 
 
 def _as_list(x):
@@ -111,8 +145,12 @@ def check_layer(
     if causal:
         testing.assert_causal_invariance(model, feed, sequences=list(inputs), atol=atol)
 
-    # 5, 6. `.keras` reload with safe_mode=True (no custom_objects), SavedModel export.
-    testing.assert_save_reload_equal(model, feed, directory=str(tmp_path), atol=atol)
+    # 5, 6. `.keras` reload with safe_mode=True (no custom_objects), SavedModel export
+    # (TensorFlow's format: checked on the TensorFlow backend).
+    formats = ("keras", "saved_model") if keras.backend.backend() == "tensorflow" else ("keras",)
+    testing.assert_save_reload_equal(
+        model, feed, directory=str(tmp_path), formats=formats, atol=atol
+    )
 
     # 7. One fit step lowers the loss (on the first output).
     assert bool(layer.trainable_weights) == expect_trainable, layer.trainable_weights
@@ -154,7 +192,7 @@ def check_fully_masked_rows(layer, inputs, empty_example, *, jit=False, **call_k
             gradient is taken with respect to each of them and to the weights.
         empty_example: index of the example whose masks leave nothing visible
             (its output must be exactly zero).
-        jit: run the step under `tf.function(jit_compile=True)`.
+        jit: run the step compiled with XLA (`tf.function(jit_compile=True)`, `jax.jit`).
         **call_kwargs: masks and other call arguments.
     """
     testing.assert_fully_masked_rows_safe(

@@ -4,9 +4,9 @@ Each row is a constructor or a call with one bad value, and either the
 exception it must raise (type, and a regex on the message, which names the
 argument and what was received) or the documented result it must give
 (empty sequences, NaN and inf). Never a crash deep in TensorFlow, never a
-silent wrong answer. Rows marked xfail are failures in files owned elsewhere
-(`keras_attn/ops.py`, `keras_attn/multi_head_attention.py`, `keras_attn/chunked.py`);
-their reasons say what to change.
+silent wrong answer. Every row runs on every Keras backend except those
+marked `tensorflow_only` (a `tf.function` with a dynamic length: a run-time
+check that only a TensorFlow graph has).
 """
 
 import functools
@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import keras_attn as ka
+import layer_checks
 from keras_attn import ops
 
 rng = np.random.default_rng(0)
@@ -55,10 +56,6 @@ def call_built(factory, build_args, *args, **kwargs):
     return run
 
 
-def xfail(owner, fix):
-    return pytest.mark.xfail(strict=True, reason=f"{owner}: {fix}")
-
-
 MHA = functools.partial(ka.MultiHeadAttention, num_heads=2, key_dim=4)
 ENCODER = functools.partial(ka.TransformerEncoderBlock, num_heads=2, intermediate_dim=8)
 DECODER = functools.partial(ka.TransformerDecoderBlock, num_heads=2, intermediate_dim=8)
@@ -78,12 +75,13 @@ def _learned_in_graph(length, start_index=0):
     return run
 
 
-def _mha_cache_step(index):
+def _mha_cache_step(index, new_tokens=1):
     def run():
         layer = MHA()
         layer(Q, Q)
         cache = layer.empty_cache(2, 4)
-        return layer(Q[:, :1], Q[:, :1], cache=cache, cache_update_index=index)
+        step = Q[:, :new_tokens]
+        return layer(step, step, cache=cache, cache_update_index=index)
 
     return run
 
@@ -248,14 +246,14 @@ RAISES = [
      call_built(make(ka.KeyValueAttention, 4), (Q, V), Q[..., :4], V),
      ValueError, r"layer 'query' is incompatible .*expected axis -1 of input shape to have "
                  r"value 6, but received input with shape \(2, 4, 4\)"),
-    pytest.param(
-        "MultiHeadAttention built for width 6, query width 4",
-        call_built(MHA, (Q, V), Q[..., :4], V),
-        ValueError, r"`query` must have width 6, the width this layer was built for",
-        marks=xfail("multi_head_attention.py", "the EinsumDense projections do not check "
-                    "their input width (TF BatchMatMul error); check query/key/value widths "
-                    "against the built kernels at the top of `call`"),
-    ),
+    ("MultiHeadAttention built for width 6, query width 4",
+     call_built(MHA, (Q, V), Q[..., :4], V),
+     ValueError, r"`query` must have width 6, the width this layer was built for\. "
+                 r"Received: query\.shape=\(2, 4, 4\)"),
+    ("MultiHeadAttention built for key width 6, key width 10",
+     call_built(MHA, (Q, V), Q, V, V10),
+     ValueError, r"`key` must have width 6, the width this layer was built for\. "
+                 r"Received: key\.shape=\(2, 5, 10\)"),
     ("AttentionPooling built for width 6, inputs width 4",
      call_built(make(ka.AttentionPooling, 3), (V,), V[..., :4]),
      ValueError, r"`inputs` must have width 6, the width this layer was built for\. "
@@ -315,14 +313,9 @@ RAISES = [
      call(ka.DotAttention, Q[:, 0], V, query_mask=np.ones((2, 4), bool)),
      ValueError, r"With a rank-2 query .*`query_mask` must have shape \(batch,\)\. "
                  r"Received: query_mask\.shape=\(2, 4\)"),
-    pytest.param(
-        "MultiHeadAttention chunked, rank-2 query, query_mask (B, Tq)",
-        call(make(MHA, implementation="chunked"), Q[:, 0], V, query_mask=np.ones((2, 4), bool)),
-        ValueError, r"With a rank-2 query .*`query_mask` must have shape \(batch,\)",
-        marks=xfail("multi_head_attention.py", "`_call_chunked` reshapes query_mask to (-1, 1) "
-                    "(then reports batch size 8): share the rank-2 query prelude of "
-                    "base.prepare_inputs (check query_mask rank 1, expand_dims)"),
-    ),
+    ("MultiHeadAttention chunked, rank-2 query, query_mask (B, Tq)",
+     call(make(MHA, implementation="chunked"), Q[:, 0], V, query_mask=np.ones((2, 4), bool)),
+     ValueError, r"With a rank-2 query .*`query_mask` must have shape \(batch,\)"),
     ("float value_mask (an additive mask would be inverted)",
      call(ka.DotAttention, Q, V, value_mask=np.zeros((2, 5), "float32")),
      TypeError, r"`value_mask` must be a boolean mask .*Received: value_mask\.dtype=float32"),
@@ -361,13 +354,9 @@ RAISES = [
      TypeError, r"`value` must be a floating-point tensor .*Received: value\.dtype=int32"),
     ("MultiHeadAttention bool query", call(MHA, Q > 0, V),
      TypeError, r"`query` must be a floating-point tensor .*Received: query\.dtype=bool"),
-    pytest.param(
-        "MultiHeadAttention chunked int32 query",
-        call(make(MHA, implementation="chunked"), Q.astype("int32"), V),
-        TypeError, r"`query` must be a floating-point tensor",
-        marks=xfail("multi_head_attention.py", "`_call_chunked` skips the dtype check of "
-                    "base.prepare_inputs: call base.check_floating on query, key and value"),
-    ),
+    ("MultiHeadAttention chunked int32 query",
+     call(make(MHA, implementation="chunked"), Q.astype("int32"), V),
+     TypeError, r"`query` must be a floating-point tensor"),
     ("AttentionPooling int32 inputs", call(make(ka.AttentionPooling, 4), V.astype("int32")),
      TypeError, r"`inputs` must be a floating-point tensor .*Received: inputs\.dtype=int32"),
     ("SinusoidalPositionalEncoding int32 inputs",
@@ -387,55 +376,51 @@ RAISES = [
      call(LEARNED, X, start_index=5),
      ValueError, r"input length=5, start_index=5, sequence_length=8"),
     ("LearnedPositionalEmbedding(8), eager tensor start_index=6",
-     call(LEARNED, X, start_index=tf.constant(6)),
+     call(LEARNED, X, start_index=keras.ops.convert_to_tensor(6)),
      ValueError, r"input length=5, start_index=6, sequence_length=8"),
     ("LearnedPositionalEmbedding(8), start_index=-1", call(LEARNED, X, start_index=-1),
      ValueError, r"`start_index` must be >= 0\. Received: start_index=-1"),
-    ("LearnedPositionalEmbedding(8), dynamic length 9 in a tf.function",
-     _learned_in_graph(9),
-     tf.errors.InvalidArgumentError, r"does not fit in `sequence_length` positions.*"
-                                     r"sequence_length=8.*\[9\]"),
-    ("LearnedPositionalEmbedding(8), dynamic start_index 6 + length 4 in a tf.function",
-     _learned_in_graph(4, 6),
-     tf.errors.InvalidArgumentError, r"does not fit in `sequence_length` positions.*\[10\]"),
+    pytest.param(
+        "LearnedPositionalEmbedding(8), dynamic length 9 in a tf.function",
+        _learned_in_graph(9),
+        tf.errors.InvalidArgumentError, r"does not fit in `sequence_length` positions.*"
+                                        r"sequence_length=8.*\[9\]",
+        marks=pytest.mark.tensorflow_only,
+    ),
+    pytest.param(
+        "LearnedPositionalEmbedding(8), dynamic start_index 6 + length 4 in a tf.function",
+        _learned_in_graph(4, 6),
+        tf.errors.InvalidArgumentError, r"does not fit in `sequence_length` positions.*\[10\]",
+        marks=pytest.mark.tensorflow_only,
+    ),
     ("TokenAndPositionEmbedding(learned, 6), length 7",
      call(make(ka.TokenAndPositionEmbedding, 20, 6, 4, position="learned"),
           np.ones((1, 7), "int32")),
      ValueError, r"input length=7, start_index=0, sequence_length=6"),
-    pytest.param(
-        "MultiHeadAttention cache of 4, cache_update_index=6", _mha_cache_step(6),
-        ValueError, r"`cache_update_index` .*Received: cache_update_index=6",
-        marks=xfail("multi_head_attention.py", "slice_update clamps an index past the cache "
-                    "(a silent wrong answer): in `_call_cached`, when the index is a Python int "
-                    "check 0 <= index and index + Tq <= S"),
-    ),
-    pytest.param(
-        "MultiHeadAttention cache_update_index=-1", _mha_cache_step(-1),
-        ValueError, r"`cache_update_index` .*Received: cache_update_index=-1",
-        marks=xfail("multi_head_attention.py", "same check as the row above"),
-    ),
+    ("MultiHeadAttention cache of 4, cache_update_index=6", _mha_cache_step(6),
+     ValueError, r"`cache_update_index` .*Received: cache_update_index=6"),
+    ("MultiHeadAttention cache_update_index=-1", _mha_cache_step(-1),
+     ValueError, r"`cache_update_index` .*Received: cache_update_index=-1"),
+    ("MultiHeadAttention cache of 4, 2 new tokens at cache_update_index=3",
+     _mha_cache_step(3, new_tokens=2),
+     ValueError, r"`cache_update_index` .*Received: cache_update_index=3, Tq=2, cache length=4"),
     # -- the functional core ---------------------------------------------------------------
     ("ops.attention query width 6, key width 10", lambda: ops.attention(Q, V10, V10),
      ValueError, r"The last axis of `query` and `key` must match.*query\.shape=\(2, 4, 6\)"),
-    pytest.param(
-        "ops.attention rank-1 query", lambda: ops.attention(Q[0, 0], V[0], V[0]),
-        ValueError, r"`query` must have rank >= 2",
-        marks=xfail("ops.py", "IndexError in _swap_last: check the ranks of query, key and "
-                    "value (>= 2, equal) at the top of `attention`"),
-    ),
-    pytest.param(
-        "ops.masked_softmax mask (3, 5) for scores (2, 4, 5)",
-        lambda: ops.masked_softmax(np.zeros((2, 4, 5), "float32"), np.ones((3, 5), bool)),
-        ValueError, r"`mask` .*broadcast.*Received: mask\.shape=\(3, 5\)",
-        marks=xfail("ops.py", "TF SelectV2 error: check that the static mask shape "
-                    "broadcasts to the scores' (np.broadcast_shapes on known dims)"),
-    ),
-    pytest.param(
-        "ops.attention float mask", lambda: ops.attention(Q, V, V, mask=np.zeros((2, 4, 5), "f4")),
-        TypeError, r"`mask` must be a boolean mask",
-        marks=xfail("ops.py", "as_bool_mask reads a float (additive) mask as nonzero = attend, "
-                    "inverting it; refuse float dtypes there (base.check_mask_dtype)"),
-    ),
+    ("ops.attention rank-1 query", lambda: ops.attention(Q[0, 0], V[0], V[0]),
+     ValueError, r"`query` must have rank >= 2"),
+    ("ops.masked_softmax mask (3, 5) for scores (2, 4, 5)",
+     lambda: ops.masked_softmax(np.zeros((2, 4, 5), "float32"), np.ones((3, 5), bool)),
+     ValueError, r"`mask` .*broadcast.*Received: mask\.shape=\(3, 5\)"),
+    ("ops.attention float mask", lambda: ops.attention(Q, V, V, mask=np.zeros((2, 4, 5), "f4")),
+     TypeError, r"`mask` must be a boolean mask"),
+    ("ops.attention key rank 2, query rank 3", lambda: ops.attention(Q, V[0], V[0]),
+     ValueError, r"`query`, `key` and `value` must have the same rank\. Received: "
+                 r"query\.shape=\(2, 4, 6\), key\.shape=\(5, 6\)"),
+    ("ops.attention(return_weights=False) mask (2, 3, 5) for scores (2, 4, 5)",
+     lambda: ops.attention(Q, V, V, mask=np.ones((2, 3, 5), bool), return_weights=False),
+     ValueError, r"`mask` must broadcast to the shape of the scores, \(2, 4, 5\)\. "
+                 r"Received: mask\.shape=\(2, 3, 5\)"),
 ]  # fmt: skip
 
 
@@ -468,12 +453,17 @@ X_NAN_LAST = _set(X, (slice(None), 4), np.nan)  # NaN at the last step of every 
 
 
 def same_visible_output(clean):
-    """The result equals `clean()` (the same call without the NaN), and is finite."""
+    """The result (each output) equals `clean()` (the same call without the NaN), and is finite."""
 
     def check(result):
-        result, reference = np_(result), np_(clean())
-        assert np.all(np.isfinite(result))
-        np.testing.assert_allclose(result, reference, atol=1e-6)
+        reference = clean()
+        pairs = zip(
+            *(x if isinstance(x, tuple) else (x,) for x in (result, reference)), strict=True
+        )
+        for out, ref in pairs:
+            out, ref = np_(out), np_(ref)
+            assert np.all(np.isfinite(out))
+            np.testing.assert_allclose(out, ref, atol=1e-6)
 
     return check
 
@@ -536,18 +526,29 @@ def _learned_xla_overflow():
     return function(np.zeros((1, 10, 8), "float32"))
 
 
-def _past_the_table(result):
-    result = np_(result)
-    assert np.all(np.isfinite(result[:, :8])) and np.all(np.isnan(result[:, 8:]))
+def _learned_compiled_start(start_index):
+    """A LearnedPositionalEmbedding(8) compiled (XLA) with a traced `start_index`, then run."""
+
+    def run():
+        layer = LEARNED()
+        layer.build((None, 4, 8))
+        compiled = layer_checks.compiled(lambda x, s: layer(x, start_index=s))
+        return compiled(np.zeros((1, 4, 8), "float32"), np.int32(start_index))
+
+    return run
+
+
+def nan_from(step):
+    """Steps before `step` are finite, the steps from `step` on NaN."""
+
+    def check(result):
+        result = np_(result)
+        assert np.all(np.isfinite(result[:, :step])) and np.all(np.isnan(result[:, step:]))
+
+    return check
 
 
 CAUSAL_ROWS = np.arange(5)[None, :].repeat(2, 0) >= 4  # rows that see step 4 under a causal mask
-MHA_NAN_LEAK = (
-    "ops.py / chunked.py: weighted_sum is one matmul and 0 * NaN = NaN, so a NaN value at a "
-    "masked key reaches every row; make ops.weighted_sum base.finite_weighted_sum (zero "
-    "non-finite value rows, then set NaN in the rows giving them non-zero weight), and do "
-    "the same per key block in chunked.py"
-)
 
 
 def _results():
@@ -603,8 +604,11 @@ def _results():
         ("DotAttention NaN in a padded query row: zeros",
          call(ka.DotAttention, _set(Q, (0, 3), np.nan), V, query_mask=Q_MASK),
          lambda out: np.testing.assert_array_equal(np_(out)[0, 3], 0.0)),
-        ("LearnedPositionalEmbedding(8) length 10 under XLA: NaN past the table",
-         _learned_xla_overflow, _past_the_table),
+        pytest.param("LearnedPositionalEmbedding(8) dynamic length 10 under XLA: NaN past the "
+                     "table", _learned_xla_overflow, nan_from(8),
+                     marks=pytest.mark.tensorflow_only),
+        ("LearnedPositionalEmbedding(8) traced start_index 6 + length 4, compiled: NaN past the "
+         "table", _learned_compiled_start(6), nan_from(2)),
         # -- NaN / inf at a visible position propagates to the rows that see it --------------
         ("ScaledDotAttention NaN at the last step, causal: that row is NaN",
          call(ka.ScaledDotAttention, X_NAN_LAST, X_NAN_LAST, use_causal_mask=True),
@@ -619,23 +623,24 @@ def _results():
          call(make(ka.AttentionPooling, 3), V_NAN_PAD),
          lambda out: np.testing.assert_array_equal(np.isnan(np_(out)).all(-1), [True, False])),
         # -- the same guarantee through MultiHeadAttention (its combine is ops.weighted_sum) --
-        pytest.param(
-            "MultiHeadAttention NaN in a padded value",
-            *_twice(MHA, (Q, V), (Q, V_NAN_PAD), vm, same_visible_output),
-            marks=xfail("ops.py", MHA_NAN_LEAK),
-        ),
-        pytest.param(
-            "MultiHeadAttention chunked, NaN in a padded value",
-            *_twice(make(MHA, implementation="chunked"), (Q, V), (Q, V_NAN_PAD), vm,
-                    same_visible_output),
-            marks=xfail("chunked.py", MHA_NAN_LEAK),
-        ),
-        pytest.param(
-            "TransformerDecoderBlock NaN at the last step: earlier rows unchanged",
-            *_twice(DECODER, (X,), (X_NAN_LAST,), {},
-                    lambda clean: earlier_rows_unchanged(clean, 4)),
-            marks=xfail("ops.py", MHA_NAN_LEAK),
-        ),
+        # The fused path (no weights returned), the dense path (weights returned), chunked.
+        ("MultiHeadAttention NaN in a padded value",
+         *_twice(MHA, (Q, V), (Q, V_NAN_PAD), vm, same_visible_output)),
+        ("MultiHeadAttention(return_attention_scores) -inf in a padded value",
+         *_twice(MHA, (Q, V), (Q, _set(V, (1, 3), -np.inf)),
+                 {**vm, "return_attention_scores": True}, same_visible_output)),
+        ("MultiHeadAttention chunked, NaN in a padded value",
+         *_twice(make(MHA, implementation="chunked"), (Q, V), (Q, V_NAN_PAD), vm,
+                 same_visible_output)),
+        ("TransformerDecoderBlock NaN at the last step: earlier rows unchanged",
+         *_twice(DECODER, (X,), (X_NAN_LAST,), {},
+                 lambda clean: earlier_rows_unchanged(clean, 4))),
+        ("MultiHeadAttention inf in a visible value: every row that sees it NaN",
+         call(MHA, Q, _set(V, (0, 0), np.inf), V),
+         nan_rows(np.array([[1, 1, 1, 1], [0, 0, 0, 0]], bool))),
+        ("MultiHeadAttention chunked, NaN in a visible key: every row that sees it NaN",
+         call(make(MHA, implementation="chunked"), Q, V, _set(V, (1, 2), np.nan)),
+         nan_rows(np.array([[0, 0, 0, 0], [1, 1, 1, 1]], bool))),
     ]  # fmt: skip
 
 

@@ -5,14 +5,13 @@ import functools
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_attn import ops
 from keras_attn.hard_attention import HardAttention
 from keras_attn.pointer_attention import PointerAttention
 from keras_attn.pooling import AttentionPooling
 from keras_attn.scores import BilinearScore
-from layer_checks import check_layer
+from layer_checks import check_layer, value_and_grads
 
 B, TQ, TV, D = 3, 4, 5, 8
 
@@ -124,19 +123,21 @@ def test_hard_attention_training_is_one_hot_with_gradients():
     rng, query, value = _attention_inputs(2)
     query_mask, value_mask = _masks(rng)
     layer = HardAttention(temperature=0.5, seed=3)
-    query_var = tf.Variable(query)
-    with tf.GradientTape() as tape:
-        out, weights = layer(
-            query_var,
+    layer(query, value)  # built: its seed state exists before the gradient is taken
+
+    def call(query):
+        return layer(
+            query,
             value,
             query_mask=query_mask,
             value_mask=value_mask,
             return_attention_scores=True,
             training=True,
         )
-        loss = keras.ops.sum(out * rng.normal(size=out.shape).astype("float32"))
-    grad = _np(tape.gradient(loss, query_var))
-    weights, out = _np(weights), _np(out)
+
+    cotangent = rng.normal(size=query.shape[:2] + value.shape[-1:]).astype("float32")
+    (out, weights), (grad,) = value_and_grads(call, [query], cotangent=cotangent)
+    grad, weights, out = _np(grad), _np(weights), _np(out)
 
     visible = query_mask[:, :, None] & value_mask[:, None, :]
     rows = visible.any(-1)
@@ -152,14 +153,17 @@ def test_hard_attention_training_is_one_hot_with_gradients():
 
 
 def test_hard_attention_fully_masked_gradients_are_finite():
-    query = tf.Variable(np.ones((2, 3, 4), "float32"))
+    query = np.ones((2, 3, 4), "float32")
     value = np.ones((2, 5, 4), "float32")
     value_mask = np.zeros((2, 5), bool)
+    layer = HardAttention()
+    layer(query, value)
     for training in (True, False):
-        with tf.GradientTape() as tape:
-            out = HardAttention()(query, value, value_mask=value_mask, training=training)
-            loss = keras.ops.sum(out)
-        grad = tape.gradient(loss, query)
+        out, (grad,) = value_and_grads(
+            lambda q, training=training: layer(q, value, value_mask=value_mask, training=training),
+            [query],
+            cotangent=np.ones((2, 3, 4), "float32"),
+        )
         np.testing.assert_array_equal(_np(out), 0.0)
         assert grad is None or np.all(np.isfinite(_np(grad)))
 
@@ -322,13 +326,16 @@ def test_attention_pooling_matches_numpy():
 
 
 def test_attention_pooling_all_masked_gives_zeros_and_finite_gradients():
-    x = tf.Variable(np.random.default_rng(5).normal(size=(2, 4, 3)).astype("float32"))
+    x = np.random.default_rng(5).normal(size=(2, 4, 3)).astype("float32")
     mask = np.array([[True, True, False, False], [False] * 4])
     layer = AttentionPooling(units=4)
-    with tf.GradientTape() as tape:
-        pooled, weights = layer(x, mask=mask, return_attention_scores=True)
-        loss = keras.ops.sum(pooled**2) + keras.ops.sum(pooled)
-    grads = tape.gradient(loss, [x, *layer.trainable_weights])
+    layer(x, mask=mask)
+    (pooled, weights), grads = value_and_grads(
+        lambda x: layer(x, mask=mask, return_attention_scores=True),
+        [x],
+        layer.trainable_weights,
+        cotangent=np.random.default_rng(6).normal(size=(2, 3)).astype("float32"),
+    )
     np.testing.assert_array_equal(_np(pooled)[1], 0.0)
     np.testing.assert_array_equal(_np(weights)[1], 0.0)
     for grad in grads:

@@ -138,6 +138,12 @@ CASES = {
         models.hierarchical_attention_network(30, 8, 4, 4, 3, max_sentences=2, max_words=4),
         {"tokens": rng.integers(0, 30, size=(2, 2, 4)).astype("int32")},
     ),
+    "hierarchical_attention_network(pooling=mean)": lambda: (
+        models.hierarchical_attention_network(
+            30, 8, 4, 4, 3, max_sentences=2, max_words=4, pooling="mean"
+        ),
+        {"tokens": rng.integers(0, 30, size=(2, 2, 4)).astype("int32")},
+    ),
 }
 
 

@@ -17,7 +17,6 @@ import hypothesis
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import strategies as st
 
 import keras_attn as ka
@@ -36,6 +35,8 @@ SETTINGS = hypothesis.settings(
     ],
 )
 WIDTH = 8
+# `.keras` everywhere; SavedModel (TensorFlow's format) on the TensorFlow backend.
+SAVE_FORMATS = ("keras", "saved_model") if keras.backend.backend() == "tensorflow" else ("keras",)
 # Keras warns on any softmax over a length-1 axis; hypothesis draws length-1 sequences.
 pytestmark = pytest.mark.filterwarnings("ignore:You are using a softmax over axis -1")
 
@@ -324,7 +325,6 @@ def _chunked(dtype, dropout):
     return ka.MultiHeadAttention(2, 4, implementation="chunked", dtype=dtype)
 
 
-MHA_NAN = "ops.weighted_sum: 0 * NaN leaks a masked NaN value (see test_bad_inputs)"
 LAYERS = {
     "DotAttention": attention_setup(_layer(ka.DotAttention)),
     "ScaledDotAttention": attention_setup(_layer(ka.ScaledDotAttention, scale=0.5)),
@@ -336,7 +336,6 @@ LAYERS = {
     "ScoreAttention": attention_setup(_score_attention),
     "HardAttention": attention_setup(_layer(ka.HardAttention, temperature=0.5)),
     "PointerAttention": attention_setup(_layer(ka.PointerAttention, units=4)),
-    # NaN padding is left out of MultiHeadAttention here: its xfail is in test_bad_inputs.
     "MultiHeadAttention": attention_setup(
         _layer(
             ka.MultiHeadAttention,
@@ -346,11 +345,8 @@ LAYERS = {
             rotary_embedding=ka.RotaryEmbedding(),
         ),
         weights_axis=2,
-        nonfinite=False,
     ),
-    "MultiHeadAttention(chunked)": attention_setup(
-        _chunked, dropout=False, scores=False, nonfinite=False
-    ),
+    "MultiHeadAttention(chunked)": attention_setup(_chunked, dropout=False, scores=False),
     "AttentionPooling": pooling_setup,
     "SinusoidalPositionalEncoding": position_setup(sinusoidal),
     "LearnedPositionalEmbedding": position_setup(learned),
@@ -376,7 +372,7 @@ def test_kit_on_every_layer(name, data):
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_kit_on_every_layer_under_xla(name):
-    """One drawn configuration per layer, every call in `tf.function(jit_compile=True)`."""
+    """One drawn configuration per layer, every call compiled with XLA (TF or JAX)."""
     setup = LAYERS[name](SeededPick(sorted(LAYERS).index(name)))
     run_checks(setup, jit_compile=True, batch=False)  # batch: one more compile per size
 
@@ -390,21 +386,28 @@ def test_kit_save_reload_on_every_layer(name, tmp_path):
     )
 
 
+@pytest.mark.tensorflow_only  # SavedModel export
 def test_kit_save_reload_saved_model(tmp_path):
     setup = LAYERS["MultiHeadAttention"](SeededPick(7))
     kwargs = {k: v for k, v in setup.call_kwargs.items() if k != "training"}
     testing.assert_save_reload_equal(setup.layer, setup.inputs, call_kwargs=kwargs)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=MHA_NAN)
-def test_kit_catches_the_multi_head_nan_leak():
+@pytest.mark.parametrize(
+    "implementation, return_scores",
+    [("dense", False), ("dense", True), ("chunked", False)],
+    ids=["fused", "dense-with-weights", "chunked"],
+)
+def test_kit_nonfinite_padding_on_every_multi_head_path(implementation, return_scores):
+    """NaN, inf and -inf in padded values: fused (no weights), dense (weights), chunked."""
     x = np.random.default_rng(0).normal(size=(2, 4, WIDTH)).astype("float32")
     mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
     testing.assert_padding_invariance(
-        ka.MultiHeadAttention(2, 4),
+        ka.MultiHeadAttention(2, 4, implementation=implementation),
         {"query": x, "value": x, "value_mask": mask},
         {"value": "value_mask"},
         nonfinite=True,
+        call_kwargs={"return_attention_scores": return_scores},
     )
 
 
@@ -440,7 +443,7 @@ def classifier_checks(rng, tmp_path):
     )
     testing.assert_batch_invariance(model, inputs)
     testing.assert_fully_masked_rows_safe(model, inputs, empty=1, zero_outputs=False)
-    testing.assert_save_reload_equal(model, inputs, directory=tmp_path)  # .keras and SavedModel
+    testing.assert_save_reload_equal(model, inputs, directory=tmp_path, formats=SAVE_FORMATS)
 
 
 def seq2seq_checks(rng, tmp_path):
@@ -583,6 +586,8 @@ class GraphOnly(keras.layers.Layer):
     """Another answer when traced (as in a SavedModel) than when eager."""
 
     def call(self, x):
+        import tensorflow as tf
+
         return x if tf.executing_eagerly() else x + 1.0
 
 
@@ -647,7 +652,7 @@ def test_fully_masked_rows_catch_keras_attention_averaging_the_padding():
         testing.assert_fully_masked_rows_safe(keras_attention, FEED, empty=2)
 
 
-def test_save_reload_catches_unregistered_classes_lambdas_and_lost_state(tmp_path):
+def test_save_reload_catches_unregistered_classes_lambdas_and_lost_state():
     x = {"x": X}
     with pytest.raises(
         AssertionError, match=r"(?s)safe_mode=True failed: TypeError: .*'NotRegistered'"
@@ -659,8 +664,12 @@ def test_save_reload_catches_unregistered_classes_lambdas_and_lost_state(tmp_pat
         testing.assert_save_reload_equal(lambda_model, x, formats=("keras",))
     with pytest.raises(AssertionError, match=r"^`\.keras` reload: the reloaded model's output"):
         testing.assert_save_reload_equal(UnsavedState(), x, formats=("keras",))
+
+
+@pytest.mark.tensorflow_only  # SavedModel export
+def test_save_reload_catches_a_saved_model_that_differs(tmp_path):
     with pytest.raises(AssertionError, match=r"^SavedModel: the served output differs"):
-        testing.assert_save_reload_equal(GraphOnly(), x, directory=tmp_path)
+        testing.assert_save_reload_equal(GraphOnly(), {"x": X}, directory=tmp_path)
 
 
 def test_kit_argument_errors():

@@ -6,10 +6,9 @@ import math
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_attn
-from layer_checks import check_layer
+from layer_checks import check_layer, compiled
 
 rng = np.random.default_rng(0)
 X = rng.normal(size=(2, 6, 8)).astype("float32")
@@ -227,10 +226,10 @@ def decode_step_by_step(blocks, dec, enc, enc_mask, first_chunk, jit=False):
         return x, new_caches, new_cross
 
     x, caches, cross = run(dec[:, :first_chunk], 0, caches, cross)  # computes the cross caches
-    step = tf.function(run, jit_compile=True) if jit else run
+    step = compiled(run) if jit else run
     outputs = [x]
     for t in range(first_chunk, length):
-        x, caches, cross = step(dec[:, t : t + 1], tf.constant(t), caches, cross)
+        x, caches, cross = step(dec[:, t : t + 1], keras.ops.convert_to_tensor(t), caches, cross)
         outputs.append(x)
     return np.concatenate([np_(o) for o in outputs], axis=1)
 
