@@ -57,7 +57,7 @@ def main(argv=None):
     """Runs the command line; returns the process exit status."""
     args = _parser().parse_args(argv)
     from models import recipes  # imports TensorFlow: after argument parsing
-    from models.decoding import write_atomically
+    from models.files import write_atomically
 
     if args.command == "list":
         width = max(map(len, recipes.TASKS))

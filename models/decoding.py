@@ -8,21 +8,20 @@ For `transformer_seq2seq` a step runs the decoder blocks on their KV caches
 (O(T) per step instead of re-running the whole decoder, O(T^2)); for
 `rnn_seq2seq` it is one RNN cell step and one attention over the source.
 
-**Pointer networks** (`pointer_decode`): constrained greedy decoding that
-runs the functional model once per step on the pointers decoded so far.
-
-**Files** (`write_atomically`): exports are written aside and renamed into place.
+**Pointer networks** (`pointer_decode`, `polygon_decode`): constrained
+greedy decoding that runs the functional model once per step on the pointers
+decoded so far. Output row `t` of a `models.pointer_network` depends on the
+pointers before it only, so step `t` feeds the first `t + 1` pointers: the
+decoder costs O(t) per step, O(N^2) in all. (`models.pointer_search` has
+beam search over convex polygons.)
 """
-
-import os
-import shutil
-import uuid
 
 import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from models.files import write_atomically
 from models.geometry import open_polygon
 from models.rnn_seq2seq import RNNDecodingSteps
 from models.transformer_seq2seq import TransformerDecodingSteps
@@ -236,40 +235,6 @@ def export_seq2seq(model, path, max_length, start_id, end_id=None):
     write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
 
 
-def write_atomically(path, write):
-    """Calls `write(temporary)`, a fresh sibling of `path`, then renames it to `path`.
-
-    Until the rename `path` is absent or still the previous version: a failed or killed
-    write never leaves half a file or SavedModel there (a failed one removes its
-    temporary; a killed one leaves a hidden `.tmp-*` sibling). A directory replaces a
-    directory by two renames, the old one aside (`.old-*`) then deleted. The temporary
-    ends like `path` (`model.save` wants `.keras`). A URL (`gs://...`) is written in
-    place. E.g. `write_atomically("runs/model_savedmodel", model.export)`.
-    """
-    if "://" in str(path):
-        return write(path)
-    parent, name = os.path.split(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    token = uuid.uuid4().hex[:12]
-    temporary = os.path.join(parent, f".tmp-{token}-{name}")
-    try:
-        write(temporary)
-        if os.path.exists(path) and (os.path.isdir(path) or os.path.isdir(temporary)):
-            old = os.path.join(parent, f".old-{token}-{name}")
-            os.rename(path, old)
-            try:
-                os.rename(temporary, path)
-            except BaseException:
-                os.rename(old, path)
-                raise
-            _remove(old)
-        else:
-            os.replace(temporary, path)
-    except BaseException:
-        _remove(temporary)
-        raise
-
-
 # ---------------------------------------------------------------------------
 # Shared helpers
 # ---------------------------------------------------------------------------
@@ -286,13 +251,6 @@ def predict_batch(model, inputs):
         # their outputs (replicas x B rows): call the model on the batch once instead.
         return np.asarray(model(inputs, training=False))
     return np.asarray(model.predict_on_batch(inputs))
-
-
-def _remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        return shutil.rmtree(path, ignore_errors=True)
-    if os.path.lexists(path):
-        os.remove(path)
 
 
 # ---------------------------------------------------------------------------
@@ -313,7 +271,7 @@ def pointer_decode(model, points, steps=None, constrained=True):
     (`pointer_network(pad_value=...)`) get probability 0 and are chosen only
     once every real point is: decode at most as many steps as real points.
 
-    Costs `steps` model calls (see the module docstring).
+    Costs `steps` model calls, the call at step `t` on `t + 1` pointers.
 
     Args:
         model: a pointer network with inputs `{"points", "pointers"}` and
@@ -347,7 +305,8 @@ def pointer_decode(model, points, steps=None, constrained=True):
     chosen = np.zeros((batch, num_points), bool)
     rows = np.arange(batch)
     for t in range(steps):
-        probs = predict_batch(model, {"points": points, "pointers": pointers})[:, t]  # (B, N)
+        inputs = {"points": points, "pointers": pointers[:, : t + 1]}
+        probs = predict_batch(model, inputs)[:, t]  # (B, N)
         if constrained:
             probs = np.where(chosen, -np.inf, probs)
         pointers[:, t] = np.argmax(probs, axis=-1)
@@ -362,7 +321,8 @@ def polygon_decode(model, points):
     at it (after at least 3 vertices) closes the polygon and ends the
     sequence, the end-of-sequence convention of the Pointer Networks paper
     (train on hulls with their first vertex repeated at the end, with
-    `pointer_network(..., mask_chosen=False)`). Costs up to `N + 1` model calls.
+    `pointer_network(..., mask_chosen=False)`). Costs up to `N + 1` model calls,
+    the call at step `t` on `t + 1` pointers.
 
     Args:
         model: a pointer network with inputs `{"points", "pointers"}`.
@@ -388,7 +348,8 @@ def polygon_decode(model, points):
     closed = np.zeros(batch, bool)
     rows = np.arange(batch)
     for t in range(num_points + 1):
-        probs = predict_batch(model, {"points": points, "pointers": pointers})[:, t]  # (B, N)
+        inputs = {"points": points, "pointers": pointers[:, : t + 1]}
+        probs = predict_batch(model, inputs)[:, t]  # (B, N)
         allowed = ~chosen
         if t >= 3:  # pointing at the first vertex again closes the polygon
             allowed[rows, pointers[:, 0]] = True

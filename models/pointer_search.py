@@ -1,22 +1,22 @@
-"""Decoding for pointer networks that feeds each step only the pointers before it.
+"""Search for pointer networks: beam search over convex polygons, and sorting.
 
-Output row `t` of a `models.pointer_network` depends on the pointers before it
-only, so these feed the model `t + 1` steps at step `t` (the decoder costs
-O(t) per step, not O(N) as when the whole padded pointer array goes in).
-
-`sort_decode` makes the choices of `models.decoding.pointer_decode`
-(constrained greedy). `polygon_beam_search` keeps the `beam_width` most
-probable partial polygons instead of the single greedy one, and with
+`polygon_beam_search` keeps the `beam_width` most probable partial polygons
+instead of the single greedy one (`models.decoding.polygon_decode`), and with
 `convex=True` it only ever extends a polygon so that it stays convex and
 counter-clockwise, the shape of every target. The constraint looks at the
 chosen vertices and the candidate only, never at the other input points: it
 does not test that the polygon contains them, so it does not compute the hull
-for the model.
+for the model. As `models.decoding`'s greedy decoders, it feeds step `t` the
+first `t + 1` pointers only (output row `t` of a `models.pointer_network`
+depends on the pointers before it only): O(t) decoder work per step.
+
+`sort_decode` is `models.decoding.pointer_decode` (constrained greedy) for `N`
+steps.
 """
 
 import numpy as np
 
-from models.decoding import polygon_decode, predict_batch
+from models.decoding import pointer_decode, polygon_decode, predict_batch
 
 
 def _turn(o, a, b):
@@ -29,9 +29,9 @@ def _turn(o, a, b):
 def sort_decode(model, points):
     """Constrained greedy decoding of a permutation: `C_t = argmax_{j not in C_<t} p(j)`.
 
-    The choices of `models.decoding.pointer_decode(model, points)` for `N` steps,
-    at a cost of O(N^2) decoder steps instead of O(N^3). Padding points
-    (probability 0) come after every real point.
+    `models.decoding.pointer_decode(model, points)`, for `N` steps: O(N^2)
+    decoder steps in all. Padding points (probability 0) come after every
+    real point.
 
     Args:
         model: a pointer network with inputs `{"points", "pointers"}`.
@@ -40,17 +40,7 @@ def sort_decode(model, points):
     Returns:
         int32 `(B, N)`: a permutation of `0..N-1` per example.
     """
-    points = np.asarray(points, "float32")
-    batch, num_points = points.shape[:2]
-    pointers = np.full((batch, num_points), -1, "int32")
-    chosen = np.zeros((batch, num_points), bool)
-    rows = np.arange(batch)
-    for t in range(num_points):
-        inputs = {"points": points, "pointers": pointers[:, : t + 1]}
-        probs = predict_batch(model, inputs)[:, t]  # (B, N)
-        pointers[:, t] = np.argmax(np.where(chosen, -np.inf, probs), axis=-1)
-        chosen[rows, pointers[:, t]] = True
-    return pointers
+    return pointer_decode(model, points)
 
 
 def convex_candidates(points, sequences, t):

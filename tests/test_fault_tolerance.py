@@ -17,7 +17,8 @@ import pytest
 import tensorflow as tf
 
 import models
-from models.decoding import export_seq2seq, write_atomically
+from models.decoding import export_seq2seq
+from models.files import write_atomically
 from models.recipes import BackupAndRestore, Settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

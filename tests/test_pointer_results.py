@@ -81,12 +81,21 @@ def test_sorting_report_by_hand():
 # ---------------------------------------------------------------------------
 
 
-def test_sort_decode_makes_the_choices_of_pointer_decode():
+def test_prefix_decoding_makes_the_choices_of_full_array_decoding():
+    # The decoders feed step t the first t + 1 pointers; the reference below feeds the
+    # whole pointer array (-1 for the steps not decoded yet), as the model is trained.
     rng = np.random.default_rng(0)
     points = rng.uniform(size=(6, 9, 1)).astype("float32")
     points[2, 6:] = -1.0  # padding comes last
     model = pointer_network(input_dim=1, units=8, encoder="transformer", pad_value=-1.0)
+    reference = np.full((6, 9), -1, "int32")
+    for t in range(9):
+        probs = np.asarray(model({"points": points, "pointers": reference}))[:, t]
+        chosen = np.zeros((6, 9), bool)
+        chosen[np.arange(6)[:, None], reference[:, :t]] = True
+        reference[:, t] = np.argmax(np.where(chosen, -np.inf, probs), axis=-1)
     order = sort_decode(model, points)
+    np.testing.assert_array_equal(order, reference)
     np.testing.assert_array_equal(order, pointer_decode(model, points))
     assert sorted(order[2, :6].tolist()) == list(range(6))
 
@@ -227,3 +236,31 @@ def test_an_unfinished_run_resumes_and_can_be_evaluated(tiny_sizes, tmp_path):
     assert sorted(p.name for p in backup.iterdir()) == ["final.weights.h5"]
     metrics, steps = pointer.evaluate_backup("pointer-hull", settings)  # the final weights
     assert steps == 8 and 0 <= metrics["beam4_sequence_accuracy"] <= 1
+
+
+def test_hull_beam_command_measures_each_width_once_and_resumes(
+    tiny_sizes, tmp_path, capsys, monkeypatch
+):
+    from models.experiments import hull_beam
+
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    pointer.build_model(hull=True).save_weights(str(backup / "final.weights.h5"))
+    argv = ["--backup-dir", str(backup), "--eval-n", "20", "--widths", "1,2",
+            "--test-examples", "4", "--data-dir", str(tmp_path / "tfds"),
+            "--output", str(tmp_path / "beam.json")]  # fmt: skip
+    hull_beam.main(argv)
+    results = json.loads((tmp_path / "beam.json").read_text())["results"]
+    assert sorted(results) == ["n20/w1", "n20/w2"]
+    for found in results.values():
+        assert 0 <= found["exact_match"] <= found["valid"] <= 1, "exact implies valid"
+        assert 0 <= found["area_coverage"] <= 1
+    assert "| n20 | " in capsys.readouterr().out
+
+    def measured_again(*args):
+        raise AssertionError("a saved width was decoded again")
+
+    monkeypatch.setattr(hull_beam, "measure", measured_again)
+    hull_beam.main(argv)  # every pair is in the JSON already
+    with pytest.raises(ValueError, match="No weights in `--backup-dir`"):
+        hull_beam.main(["--backup-dir", str(tmp_path)])
