@@ -40,6 +40,17 @@ def _swap_last(x):
     return ops.transpose(x, list(range(rank - 2)) + [rank - 1, rank - 2])
 
 
+def softmax(x, axis=-1):
+    """`keras.ops.softmax`; on an axis of size 1 (one key: a decoder's first step) `exp(x - x)`.
+
+    The same values (1, or NaN where `x` is NaN or infinite) and gradient (0),
+    without the warning Keras gives for a softmax over a single element.
+    """
+    if x.shape[axis] == 1:
+        return ops.exp(x - x)
+    return ops.softmax(x, axis=axis)
+
+
 def fused_attention(query, key, value, mask=None, is_causal=False, scale=None):
     """`keras_attn.ops.attention(...)[0]` without dropout or weights, with a custom gradient.
 
@@ -95,7 +106,7 @@ def _attend(q, k, v, bias, flag):
     @ops.custom_gradient
     def attend(q, k, v):
         scores = ops.cast(ops.matmul(q, _swap_last(k)), "float32")
-        probs = ops.softmax(scores if bias is None else scores + bias, axis=-1)
+        probs = softmax(scores if bias is None else scores + bias, axis=-1)
         probs_low = ops.cast(probs, v.dtype)
         out = ops.matmul(probs_low, v)
         # NaN on the rows that see a non-finite key or value (forward only: the

@@ -23,7 +23,7 @@ from keras import ops, random
 
 from keras_attn import finite
 from keras_attn.chunked import chunked_attention
-from keras_attn.fused import fused_attention
+from keras_attn.fused import fused_attention, softmax
 from keras_attn.masks import (
     as_bool_mask,
     cache_mask,
@@ -200,10 +200,10 @@ def masked_softmax(scores, mask=None, axis=-1):
     """
     logits = ops.cast(scores, "float32")
     if mask is None:
-        return ops.cast(ops.softmax(logits, axis=axis), scores.dtype)
+        return ops.cast(softmax(logits, axis=axis), scores.dtype)
     mask = as_bool_mask(mask)
     check_mask_broadcast(mask, scores.shape)
-    weights = ops.softmax(ops.where(mask, logits, _MASK_FILL), axis=axis)
+    weights = softmax(ops.where(mask, logits, _MASK_FILL), axis=axis)
     weights = ops.where(mask, weights, 0.0)
     return ops.cast(weights, scores.dtype)
 

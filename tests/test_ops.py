@@ -1,5 +1,7 @@
 """keras_attn.ops against NumPy references and hand-computed cases."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -111,6 +113,24 @@ def test_masked_softmax_integer_mask_and_no_mask():
     np.testing.assert_allclose(
         np_(ops.masked_softmax(s, m)), softmax_masked(s, m.astype(bool)), atol=1e-6
     )
+
+
+def test_one_key_gives_weight_one_or_zero_without_a_warning():
+    # One key (a decoder's first step): weight 1 if visible, 0 if masked, NaN for a NaN
+    # score, gradient 0; and no warning from Keras about a softmax over one element.
+    scores = np.array([[[0.3], [-2.0], [np.nan]]], "float32")  # (1, 3, 1)
+    mask = np.array([[[True], [False], [True]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        weights = np_(ops.masked_softmax(scores, mask))
+        plain = np_(ops.masked_softmax(scores[:, :2]))
+        out, _ = ops.attention(np.ones((1, 2, 4), "float32"), *[np.ones((1, 1, 4), "float32")] * 2)
+    np.testing.assert_array_equal(weights[0, :2, 0], [1.0, 0.0])
+    assert np.isnan(weights[0, 2, 0])
+    np.testing.assert_array_equal(plain, np.ones((1, 2, 1)))
+    np.testing.assert_allclose(np_(out), np.ones((1, 2, 4)), atol=1e-6)
+    _, grads = value_and_grads(lambda x: ops.masked_softmax(x * 3.0), [scores[:, :2]])
+    np.testing.assert_array_equal(np_(grads[0]), np.zeros((1, 2, 1)))
 
 
 def test_dropout_never_reopens_masked_positions():
