@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from keras_attn import testing
+from keras_attn.testing import _support
 
 
 def compiled(function):
@@ -19,7 +20,7 @@ def compiled(function):
     when it is first traced: build layers first, and do not change their
     weights afterwards.
     """
-    return testing._compile(function)
+    return _support._compile(function)
 
 
 def value_and_grads(function, sources, variables=(), cotangent=None, jit=False):
@@ -41,7 +42,7 @@ def value_and_grads(function, sources, variables=(), cotangent=None, jit=False):
         return sum(squares, keras.ops.zeros(()))
 
     sources = [keras.ops.convert_to_tensor(x) for x in sources]
-    return testing._value_and_gradients(function, sources, variables, loss, jit)
+    return _support._value_and_gradients(function, sources, variables, loss, jit)
 
 
 def _as_list(x):

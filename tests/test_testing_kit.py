@@ -11,7 +11,9 @@ each assertion fails when its property does not hold.
 
 import ast
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 
 import hypothesis
 import keras
@@ -685,12 +687,18 @@ def test_kit_argument_errors():
 
 def test_kit_imports_only_keras_and_numpy():
     """Importable without pytest or hypothesis (standard library, keras, numpy; TensorFlow
-    only inside the checks that need it)."""
-    tree = ast.parse(inspect.getsource(testing))
-    top_level = {
-        alias.name.split(".")[0]
-        for node in tree.body
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
-    }
+    only inside the checks that need it), in each module of the package."""
+    top_level, internal = set(), set()
+    names = [info.name for info in pkgutil.iter_modules(testing.__path__, "keras_attn.testing.")]
+    for name in ["keras_attn.testing", *names]:
+        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                top_level |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                name = node.module
+                (internal if name.startswith("keras_attn.testing") else top_level).add(
+                    name if name.startswith("keras_attn.testing") else name.split(".")[0]
+                )
     assert top_level == {"os", "tempfile", "weakref", "collections", "typing", "keras", "numpy"}
+    assert internal == {f"keras_attn.testing.{m}" for m in ("_support", "invariance", "safety")}
