@@ -96,12 +96,17 @@ def test_targets_read_the_rows():
     row = {
         "family": "mha", "mode": "train", "policy": "float32", "batch": 8, "length": 512,
         "dim": 512, "status": "ok", "ratio": {"median": 1.6}, "ours": {"pct_probe": 55.0},
+        "probe_gflops": 200.0, "peer": {"gflops": 160.0},
     }  # fmt: skip
     mem = {"impl": "auto", "length": 16384, "mode": "train", "batch": 1, "dim": 256,
            "status": "ok", "peak_rss_mib": 1100.0}  # fmt: skip
-    got = {t["target"]: t["met"] for t in run.targets([row], [mem])}
+    found = run.targets([row], [mem])
+    got = {t["target"]: t["met"] for t in found}
     assert got == {
         "MHA train fp32 >= 1.5x keras": True,
         "MHA train fp32 >= 60% of fp32 matmul": False,
         "MHA fwd+bwd B1 L16384 d256 peak RSS < 2 GiB": True,
     }
+    # Keras at 160 of the 200 GFLOP/s the matmul reaches: ours can be 1.25x at most.
+    assert abs(found[0]["ceiling"] - 200.0 / 160.0) < 1e-12
+    assert found[2]["ceiling"] is None
