@@ -9,11 +9,15 @@ combine in the same two steps:
 1. `zero_nonfinite`: the key and value rows holding a NaN or inf are zeroed
    (`O(Tv d)`, forward only: the gradient passes straight through), and a
    flag `(..., Tv, 1)` marks them (1, else 0).
-2. The path runs unchanged on the zeroed rows. Next to its weighted sum
-   `W V` it forms `W flag` (a matrix-vector product, one more pass over the
-   weights and none in the backward pass): `sum_j w_ij flag_j` is positive
-   exactly when row `i` gives a non-finite position a non-zero weight (the
-   weights are non-negative). `nan_where_seen` sets those rows to NaN.
+2. The path runs unchanged on the zeroed rows. When some position is
+   flagged (a `cond` on the flag, so inputs that are all finite pay nothing
+   more), it forms `W flag` next to its weighted sum `W V` (a matrix-vector
+   product, one more pass over the weights and none in the backward pass):
+   `sum_j w_ij flag_j` is positive exactly when row `i` gives a non-finite
+   position a non-zero weight (the weights are non-negative).
+   `nan_where_seen` sets those rows to NaN. (Measured: the unconditional
+   product cost 4-11 % of an MHA training step and 5-18 % of an inference
+   call; `benchmarks.run`'s shapes, 2 cores.)
 
 So a NaN or inf at a masked position never reaches an output, and one at a
 visible position makes the rows that see it NaN (all their channels), as a
@@ -80,5 +84,10 @@ def nan_where_seen(output, weights, flag):
         weights: `(..., Tq, Tv)`, non-negative, in the dtype of `flag`.
         flag: `(..., Tv, 1)` from `zero_nonfinite`.
     """
-    seen = ops.matmul(weights, flag)  # (..., Tq, 1)
-    return ops.where(seen > 0, ops.cast(float("nan"), output.dtype), output)
+
+    def mark():
+        seen = ops.matmul(weights, flag)  # (..., Tq, 1)
+        return ops.where(seen > 0, ops.cast(float("nan"), output.dtype), output)
+
+    # The product is a pass over the (Tq, Tv) weights: only when a position is flagged.
+    return ops.cond(ops.any(flag > 0), mark, lambda: output)
