@@ -40,18 +40,20 @@ def plot(runs, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    seen = {"pointer-hull": 0, "pointer-sort": 0}
     for run in runs:
         metrics, ax = run["metrics"], axes[0 if run["task"] == "pointer-hull" else 1]
-        keys = (
-            [("sequence_accuracy", "greedy exact"), ("beam4_sequence_accuracy", "beam 4 exact"),
-             ("beam4_valid_polygons", "beam 4 valid (= exact here)")]
+        style = "o-" if seen.get(run["task"], 0) == 0 else "s--"  # the first run of a task: solid
+        seen[run["task"]] = seen.get(run["task"], 0) + 1
+        keys = (  # valid polygons = exact answers in every measured run: not drawn twice
+            [("sequence_accuracy", "greedy exact"), ("beam4_sequence_accuracy", "beam 4 exact")]
             if run["task"] == "pointer-hull"
             else [("sequence_accuracy", "exact"), ("per_position_accuracy", "per position")]
-        )  # fmt: skip
+        )
         for key, label in keys:
             points = sorted((n, v) for n, v in _sizes(metrics, key).items() if n is not None)
             if points:
-                ax.plot(*zip(*points, strict=True), "o-", label=f"{label} ({run['label']})")
+                ax.plot(*zip(*points, strict=True), style, label=f"{label} ({run['label']})")
     axes[0].plot([50, 100], [0.726, 0.503], "k*", markersize=10, label="paper, exact (Table 1)")
     axes[0].set(title="convex hull, trained on n=5..50", xlabel="n (test)", ylabel="share")
     axes[1].set(title="sorting, trained on n=5..20", xlabel="n (test)")
