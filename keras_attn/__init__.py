@@ -2,10 +2,11 @@
 
 __version__ = "0.1.0"
 
-from keras_attn import chunked, ops, scores
+from keras_attn import kernels, masks, ops, scores
 from keras_attn.additive_attention import AdditiveAttention
 from keras_attn.base import ScoreAttention
 from keras_attn.bilinear_attention import BilinearAttention
+from keras_attn.cache import KVCache
 from keras_attn.dot_attention import DotAttention, ScaledDotAttention
 from keras_attn.hard_attention import HardAttention
 from keras_attn.key_value_attention import KeyValueAttention
@@ -28,6 +29,7 @@ __all__ = [
     "DotAttention",
     "FeedForward",
     "HardAttention",
+    "KVCache",
     "KeyValueAttention",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
@@ -39,7 +41,8 @@ __all__ = [
     "TokenAndPositionEmbedding",
     "TransformerDecoderBlock",
     "TransformerEncoderBlock",
-    "chunked",
+    "kernels",
+    "masks",
     "ops",
     "scores",
 ]

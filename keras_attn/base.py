@@ -4,78 +4,37 @@
 
 A mechanism overrides one step: its score (a `keras_attn.scores` layer), its
 projections (`KeyValueAttention`), its normalization (`HardAttention`) or its
-combine (`PointerAttention`). Mask math lives in `keras_attn.ops`.
+combine (`PointerAttention`). Mask math lives in `keras_attn.masks`, argument
+checks in `keras_attn.arguments`.
 """
 
 import keras
 from keras import ops as kops
 
-from keras_attn import ops, scores
+from keras_attn import masks, scores
+from keras_attn import ops as attn_ops
+from keras_attn.arguments import check_dim, check_floating, check_rank, check_rate
+from keras_attn.kernels import finite
+from keras_attn.masks import check_mask_dtype
 
 
-def serialize_optional_layer(layer):
-    """A sublayer argument (e.g. `rotary_embedding`) for `get_config`: `None` or its config."""
-    return None if layer is None else keras.saving.serialize_keras_object(layer)
+class QueryMaskOutput:
+    """Mixin: the output mask of an attention layer is its query mask, implicit or explicit.
 
-
-def deserialize_optional_layer(config, name):
-    """`from_config` side of `serialize_optional_layer`: rebuilds `config[name]` in a copy."""
-    config = dict(config)
-    if isinstance(config.get(name), dict):
-        config[name] = keras.saving.deserialize_keras_object(config[name])
-    return config
-
-
-def check_rate(name, value):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
-        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
-    return float(value)
-
-
-def check_positive_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return value
-
-
-def check_positive_number(name, value):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
-    return value
-
-
-def check_rank(name, shape, ranks):
-    if len(shape) not in ranks:
-        expected = " or ".join(str(r) for r in ranks)
-        raise ValueError(
-            f"`{name}` must have rank {expected}. Received: {name}.shape={tuple(shape)}"
-        )
-
-
-def check_dim(name_a, dim_a, name_b, dim_b, what):
-    if dim_a is not None and dim_b is not None and dim_a != dim_b:
-        raise ValueError(
-            f"`{name_a}` and `{name_b}` must have the same {what}. Received: {dim_a} and {dim_b}"
-        )
-
-
-def check_floating(name, x):
-    """`TypeError` unless `x` is a floating-point tensor.
-
-    Keras casts float inputs to the layer's compute dtype but leaves integer
-    ones alone, and integer scores would give integer (all-zero) weights.
+    Keras gives an output the implicit mask of the first input only; a
+    `query_mask` passed as an argument would be lost, and a downstream layer
+    (`AttentionPooling`, a loss) would weigh padded rows. `call` hands the
+    mask it used to `set_output_mask`; `compute_mask`, which Keras calls right
+    after `call` (eager, traced or symbolic), returns it.
     """
-    if not keras.backend.is_float_dtype(x.dtype):
-        raise TypeError(
-            f"`{name}` must be a floating-point tensor (embed token ids first). "
-            f"Received: {name}.dtype={keras.backend.standardize_dtype(x.dtype)}"
-        )
 
+    def set_output_mask(self, query_mask):
+        self._output_mask = None if query_mask is None else masks.as_bool_mask(query_mask)
 
-# Masks must be boolean (or integer); the check lives with the mask math.
-check_mask_dtype = ops.check_mask_dtype
+    def compute_mask(self, inputs, previous_mask=None):
+        mask = getattr(self, "_output_mask", None)
+        self._output_mask = None
+        return previous_mask if mask is None else mask
 
 
 def check_input_shapes(query_shape, value_shape, key_shape=None):
@@ -95,13 +54,16 @@ def check_input_shapes(query_shape, value_shape, key_shape=None):
     return tuple(query_shape), tuple(key_shape)
 
 
-def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None):
+def prepare_query(
+    query, value, query_mask, value_mask, attention_mask, key=None, value_shape=None
+):
     """The checks every attention layer's `call` starts with, and the rank-2 query.
 
     The inputs must be floating point. A rank-2 query `(B, dq)` becomes
     `(B, 1, dq)`, its masks following (`query_mask (B,)` -> `(B, 1)`,
     `attention_mask (B, Tv)` -> `(B, 1, Tv)`), and the explicit masks are
-    checked (`check_masks`).
+    checked (`check_masks`) against the query and `value_shape` (default
+    `value.shape`; a cached cross-attention call passes the cache's).
 
     Returns:
         `(query, query_mask, attention_mask, single_query)`: the rank-3 query,
@@ -110,6 +72,9 @@ def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None
     for name, x in (("query", query), ("value", value), ("key", key)):
         if x is not None:
             check_floating(name, x)
+    query_mask = _as_tensor_mask(query_mask, "query_mask")
+    value_mask = _as_tensor_mask(value_mask, "value_mask")
+    attention_mask = _as_tensor_mask(attention_mask, "attention_mask")
     single_query = len(query.shape) == 2
     if single_query:
         query = kops.expand_dims(query, 1)  # (B, 1, dq)
@@ -123,8 +88,19 @@ def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None
         if attention_mask is not None:
             check_rank("attention_mask", attention_mask.shape, (2,))
             attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
-    check_masks(query, value, query_mask, value_mask, attention_mask)
+    value_shape = value.shape if value_shape is None else value_shape
+    check_masks(query.shape, value_shape, query_mask, value_mask, attention_mask)
     return query, query_mask, attention_mask, single_query
+
+
+def _as_tensor_mask(mask, name):
+    """A Python list mask as a tensor; the dtype and type checks of `check_mask_dtype`."""
+    if mask is None:
+        return None
+    if isinstance(mask, (list, tuple)):
+        return masks.as_bool_mask(mask, name)
+    check_mask_dtype(name, mask)
+    return mask
 
 
 def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_causal_mask, key=None):
@@ -137,7 +113,7 @@ def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_cau
     query, query_mask, attention_mask, single_query = prepare_query(
         query, value, query_mask, value_mask, attention_mask, key=key
     )
-    mask = ops.compute_attention_mask(
+    mask = masks.compute_attention_mask(
         kops.shape(query)[1],
         kops.shape(value)[1],
         query_mask=query_mask,
@@ -157,8 +133,8 @@ def finish_outputs(output, weights, mask, single_query, return_attention_scores)
     query axis at -2.
     """
     if mask is not None:
-        output = kops.where(ops.visible_rows(mask), output, kops.zeros_like(output))
-    elif weights is not None and weights.shape[-1] in (0, None):
+        output = kops.where(masks.visible_rows(mask), output, kops.zeros_like(output))
+    elif weights.shape[-1] in (0, None):
         # No mask, but maybe no key (Tv = 0): then no row sees a key.
         output = kops.where(kops.shape(weights)[-1] > 0, output, kops.zeros_like(output))
     if single_query:
@@ -168,8 +144,8 @@ def finish_outputs(output, weights, mask, single_query, return_attention_scores)
     return output
 
 
-def check_masks(query, value, query_mask, value_mask, attention_mask):
-    """Static checks of explicit masks against `query (B, Tq, .)` and `value (B, Tv, .)`.
+def check_masks(query_shape, value_shape, query_mask, value_mask, attention_mask):
+    """Static checks of explicit masks against `query (B, Tq, .)` and `value (B, Tv, ...)` shapes.
 
     Masks must be boolean (or integer), with the rank, lengths and batch size
     of their inputs (`attention_mask` may have batch size 1).
@@ -177,13 +153,13 @@ def check_masks(query, value, query_mask, value_mask, attention_mask):
     if query_mask is not None:
         check_mask_dtype("query_mask", query_mask)
         check_rank("query_mask", query_mask.shape, (2,))
-        check_dim("query_mask", query_mask.shape[1], "query", query.shape[1], "length")
-        check_dim("query_mask", query_mask.shape[0], "query", query.shape[0], "batch size")
+        check_dim("query_mask", query_mask.shape[1], "query", query_shape[1], "length")
+        check_dim("query_mask", query_mask.shape[0], "query", query_shape[0], "batch size")
     if value_mask is not None:
         check_mask_dtype("value_mask", value_mask)
         check_rank("value_mask", value_mask.shape, (2,))
-        check_dim("value_mask", value_mask.shape[1], "value", value.shape[1], "length")
-        check_dim("value_mask", value_mask.shape[0], "value", value.shape[0], "batch size")
+        check_dim("value_mask", value_mask.shape[1], "value", value_shape[1], "length")
+        check_dim("value_mask", value_mask.shape[0], "value", value_shape[0], "batch size")
     if attention_mask is not None:
         check_mask_dtype("attention_mask", attention_mask)
         check_rank("attention_mask", attention_mask.shape, (3,))
@@ -192,33 +168,27 @@ def check_masks(query, value, query_mask, value_mask, attention_mask):
                 "attention_mask",
                 attention_mask.shape[0],
                 "query",
-                query.shape[0],
+                query_shape[0],
                 "batch size (or 1)",
             )
         check_dim(
             "attention_mask",
             attention_mask.shape[1],
             "query",
-            query.shape[1],
+            query_shape[1],
             "query length (axis 1)",
         )
         check_dim(
             "attention_mask",
             attention_mask.shape[2],
             "value",
-            value.shape[1],
+            value_shape[1],
             "value length (axis 2 of the mask, axis 1 of value)",
         )
 
 
-# `sum_j w_ij v_j` in which a zero weight contributes exactly nothing, even
-# against a NaN or inf value: `keras_attn.ops.weighted_sum` (the name is kept
-# for the layers that import it).
-finite_weighted_sum = ops.weighted_sum
-
-
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ScoreAttention(keras.layers.Layer):
+class ScoreAttention(QueryMaskOutput, keras.layers.Layer):
     """Soft attention with any score: `att(q, (K, V)) = sum_j softmax(s(q, k_j)) v_j`.
 
     The base of every attention layer in keras-attn. Use it directly with a
@@ -288,10 +258,11 @@ class ScoreAttention(keras.layers.Layer):
 
     def normalize(self, scores, mask, training):
         """Scores -> weights; masked positions must get exactly zero."""
-        return ops.masked_softmax(scores, mask)
+        return attn_ops.masked_softmax(scores, mask)
 
     def combine(self, weights, value):
-        return finite_weighted_sum(weights, value)
+        """`(B, Tq, Tv), (B, Tv, dv) -> (B, Tq, dv)`; non-finite values are already zeroed."""
+        return kops.matmul(kops.cast(weights, value.dtype), value)
 
     def project_output(self, output):
         return output
@@ -325,10 +296,18 @@ class ScoreAttention(keras.layers.Layer):
         query, mask, single_query = prepare_inputs(
             query, value, query_mask, value_mask, attention_mask, use_causal_mask, key=key
         )
+        self.set_output_mask(query_mask)
+        # Keys and values holding a NaN or inf are zeroed (and flagged) before
+        # the projections, and their scores set to NaN: at a masked position
+        # the mask replaces the score, so they reach neither the output nor a
+        # gradient (dQ = dS K); at a visible one the rows that see them are NaN
+        # (`keras_attn.kernels.finite`).
+        value, key, flag = finite.zero_nonfinite(value, key)
         query, key, value = self.project_inputs(query, key, value)
         scores = self.score_layer(query, key)  # (B, Tq, Tv)
+        scores = finite.nan_scores_where_flagged(scores, kops.cast(flag, scores.dtype))
         weights = self.normalize(scores, mask, training)
-        weights = ops.dropout_weights(
+        weights = attn_ops.dropout_weights(
             weights, self.dropout, training=training, seed=self.seed_generator
         )
         output = self.project_output(self.combine(weights, value))

@@ -5,7 +5,8 @@ import numpy as np
 from keras import ops as kops
 
 from keras_attn import ops
-from keras_attn.base import ScoreAttention, check_positive_number
+from keras_attn.arguments import check_positive_number
+from keras_attn.base import ScoreAttention
 
 # Smallest uniform sample, so that the Gumbel noise `-log(-log(u))` is finite.
 _TINY = float(np.finfo(np.float32).tiny)

@@ -2,7 +2,8 @@
 
 import keras
 
-from keras_attn.base import ScoreAttention, check_positive_int
+from keras_attn.arguments import check_positive_int, clone_initializer
+from keras_attn.base import ScoreAttention
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -71,8 +72,8 @@ class KeyValueAttention(ScoreAttention):
             return keras.layers.Dense(
                 units,
                 use_bias=use_bias,
-                kernel_initializer=self.kernel_initializer,
-                bias_initializer=self.bias_initializer,
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=clone_initializer(self.bias_initializer),
                 dtype=self.dtype_policy,
                 name=name,
             )

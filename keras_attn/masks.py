@@ -1,57 +1,118 @@
-"""Boolean attention masks: build, check, merge. `True` means "may attend".
+"""Boolean attention masks: build, check, merge, fill. `True` means "may attend".
 
-The mask math of keras-attn lives here (and is re-exported by
-`keras_attn.ops`): the causal and cache masks, the merge of query, value,
-explicit and causal masks into one, which query rows see any key, and the
-checks every mask passes (boolean or integer dtype; a static shape that
-broadcasts to the scores').
+All the mask math of keras-attn lives here (and is re-exported by
+`keras_attn.ops`); the kernels, the layers and the KV cache call these
+functions and build no mask of their own:
+
+- `as_bool_mask`: the one cast (boolean or integer in, bool out; float,
+  ragged and other non-tensor masks refused with the argument's name);
+- `causal_mask`: the one causal mask, for a whole `(Tq, Tv)` score matrix or
+  for one block of keys (`key_start`), end-aligned or from a cache index;
+- `fill_masked`: the one fill, replacing masked scores (whatever they hold:
+  huge, inf, NaN) before any max or exp;
+- `compute_attention_mask`, `attention_heads_mask`: query, value, explicit
+  and causal masks merged into one, or factored for the multi-head kernels;
+- `visible_rows`, `visible_query_rows`: which query rows see any key.
 """
 
 import keras
+import numpy as np
 from keras import ops
 
+# Fill of masked scores. Softmax runs in float32 and this is the most negative
+# finite float32: exp(FILL - max) underflows to exactly 0 for any visible
+# score, a row of fills is a finite uniform row (zeroed afterwards), and a
+# running maximum of -1e20 (the chunked kernel) still gives exp(FILL - m) = 0.
+FILL = float(np.finfo(np.float32).min)
 
-def causal_mask(query_length, value_length=None, query_start=None):
-    """Boolean `(Tq, Tv)` mask where query `i` sees keys `j <= query_start + i`.
 
-    `query_start` defaults to `Tv - Tq`: with `Tq == Tv` this is the lower
-    triangle, and with `Tq < Tv` the mask is aligned to the end, so the last
-    `Tq` positions of a sequence of length `Tv` see exactly what they would
-    see in a full pass. Cached decoding passes the cache index instead.
+def fill_masked(scores, mask):
+    """`where(mask, scores, FILL)` in float32: masked scores replaced, never added to.
+
+    A masked score that holds inf or NaN (a padded row that overflowed
+    float16) is replaced like any other; adding a large negative bias would
+    keep it.
+
+    Args:
+        scores: float tensor; cast to float32.
+        mask: boolean, broadcastable to `scores`, or `None` (nothing masked).
+    """
+    scores = ops.cast(scores, "float32")
+    return scores if mask is None else ops.where(mask, scores, FILL)
+
+
+def causal_mask(query_length, value_length=None, query_start=None, key_start=0):
+    """Boolean `(Tq, Tv)` mask where query `i` sees keys `j` with `key_start + j <= query_start + i`.
+
+    `query_start` is the position of the first query among the keys; it
+    defaults to `Tv - Tq`: with `Tq == Tv` this is the lower triangle, and
+    with `Tq < Tv` the mask is aligned to the end, so the last `Tq` positions
+    of a sequence of length `Tv` see exactly what they would see in a full
+    pass. Cached decoding passes the cache index; a kernel working on one
+    block of keys passes the block's first position as `key_start` (and the
+    full key length's `query_start`).
     """
     if value_length is None:
         value_length = query_length
     if query_start is None:
         query_start = value_length - query_length
-    rows = ops.expand_dims(ops.arange(query_length), 1) + ops.cast(query_start, "int32")
-    cols = ops.expand_dims(ops.arange(value_length), 0)
-    return rows >= cols
+    rows = ops.arange(query_length, dtype="int32") + ops.cast(query_start, "int32")
+    cols = ops.arange(value_length, dtype="int32") + ops.cast(key_start, "int32")
+    return ops.expand_dims(rows, 1) >= ops.expand_dims(cols, 0)
 
 
-def cache_mask(query_length, cache_length, cache_index, value_mask=None, use_causal_mask=True):
-    """The keys a cached decoding step may see: `(1 or B, Tq, S)` bool.
+def check_mask_dtype(name, mask):
+    """`TypeError` unless `mask` is boolean or integer (nonzero = attend).
 
-    The `Tq` new tokens sit at positions `cache_index .. cache_index + Tq - 1`
-    of a cache of length `S`. Positions not written yet are never visible;
-    with `use_causal_mask` token `i` also sees only positions
-    `<= cache_index + i`. `value_mask (B, Tq)` marks padding among the new
-    tokens; earlier cache positions count as visible (right padding, the
-    usual case, then gives exactly the full pass; for padding before the end
-    pass an `attention_mask` over the whole cache instead).
+    A float mask is refused: an additive mask (0 = keep, -1e9 = drop) read as
+    "nonzero = attend" would be inverted, silently.
     """
-    if use_causal_mask:
-        visible = causal_mask(query_length, cache_length, query_start=cache_index)
-    else:
-        written = ops.arange(cache_length) < ops.cast(cache_index, "int32") + query_length
-        visible = ops.expand_dims(written, 0)  # (1, S)
-    visible = ops.expand_dims(visible, 0)  # (1, Tq or 1, S)
-    if value_mask is None:
-        return visible
-    value_mask = ops.cast(as_bool_mask(value_mask, "value_mask"), "int32")  # (B, Tq)
-    batch_ones = ops.ones((ops.shape(value_mask)[0], cache_length), "int32")
-    index = ops.cast(cache_index, "int32")
-    full = ops.slice_update(batch_ones, (ops.zeros((), "int32"), index), value_mask)  # (B, S)
-    return ops.logical_and(visible, ops.expand_dims(ops.cast(full, "bool"), 1))
+    dtype = getattr(mask, "dtype", None)
+    if dtype is None or type(mask).__name__ == "RaggedTensor":
+        raise TypeError(
+            f"`{name}` must be a dense boolean tensor or NumPy array. "
+            f"Received: {name} of type {type(mask).__name__}"
+        )
+    dtype = keras.backend.standardize_dtype(dtype)
+    if dtype != "bool" and not keras.backend.is_int_dtype(dtype):
+        raise TypeError(
+            f"`{name}` must be a boolean mask (True = may attend; integer 0/1 also "
+            f"accepted), not an additive float mask. Received: {name}.dtype={dtype}"
+        )
+
+
+def as_bool_mask(mask, name="mask"):
+    """Casts a boolean or integer mask to bool (`True`/nonzero = attend); `None` stays `None`.
+
+    A Python list becomes a tensor first. Raises `TypeError` for a float,
+    ragged or non-tensor mask (see `check_mask_dtype`).
+    """
+    if mask is None:
+        return None
+    if isinstance(mask, (list, tuple)):
+        mask = np.asarray(mask)
+    check_mask_dtype(name, mask)
+    if keras.backend.standardize_dtype(mask.dtype) == "bool":
+        return ops.convert_to_tensor(mask) if isinstance(mask, np.ndarray) else mask
+    return ops.not_equal(mask, 0)
+
+
+def check_mask_broadcast(mask, target_shape, target="scores", name="mask"):
+    """`ValueError` unless the static shape of `mask` broadcasts to `target_shape`.
+
+    Dimensions unknown at trace time (None, or symbolic in a JAX export) are
+    not checked.
+    """
+    shape, target_shape = tuple(mask.shape), tuple(target_shape)
+    fits = len(shape) <= len(target_shape) and all(
+        not isinstance(m, int) or not isinstance(t, int) or m in (1, t)
+        for m, t in zip(reversed(shape), reversed(target_shape), strict=False)
+    )
+    if not fits:
+        raise ValueError(
+            f"`{name}` must broadcast to the shape of the {target}, {target_shape}. "
+            f"Received: {name}.shape={shape}"
+        )
 
 
 def merge_masks(*masks):
@@ -66,49 +127,6 @@ def merge_masks(*masks):
         mask = as_bool_mask(mask)
         merged = mask if merged is None else ops.logical_and(merged, mask)
     return merged
-
-
-def check_mask_dtype(name, mask):
-    """`TypeError` unless `mask` is boolean or integer (nonzero = attend).
-
-    A float mask is refused: an additive mask (0 = keep, -1e9 = drop) read as
-    "nonzero = attend" would be inverted, silently.
-    """
-    dtype = keras.backend.standardize_dtype(mask.dtype)
-    if dtype != "bool" and not keras.backend.is_int_dtype(dtype):
-        raise TypeError(
-            f"`{name}` must be a boolean mask (True = may attend; integer 0/1 also "
-            f"accepted), not an additive float mask. Received: {name}.dtype={dtype}"
-        )
-
-
-def as_bool_mask(mask, name="mask"):
-    """Casts a boolean or integer mask to bool (`True`/nonzero = attend).
-
-    Raises `TypeError` for a float mask (see `check_mask_dtype`).
-    """
-    check_mask_dtype(name, mask)
-    if keras.backend.standardize_dtype(mask.dtype) == "bool":
-        return mask
-    return ops.not_equal(mask, 0)
-
-
-def check_mask_broadcast(mask, target_shape, target="scores"):
-    """`ValueError` unless the static shape of `mask` broadcasts to `target_shape`.
-
-    Dimensions unknown at trace time (None, or symbolic in a JAX export) are
-    not checked.
-    """
-    shape, target_shape = tuple(mask.shape), tuple(target_shape)
-    fits = len(shape) <= len(target_shape) and all(
-        not isinstance(m, int) or not isinstance(t, int) or m in (1, t)
-        for m, t in zip(reversed(shape), reversed(target_shape), strict=False)
-    )
-    if not fits:
-        raise ValueError(
-            f"`mask` must broadcast to the shape of the {target}, {target_shape}. "
-            f"Received: mask.shape={shape}"
-        )
 
 
 def compute_attention_mask(
@@ -133,10 +151,25 @@ def compute_attention_mask(
         A rank-3 boolean mask, `(B, Tq, Tv)` or `(1, Tq, Tv)` (causal only),
         or `None` when there is nothing to mask.
     """
-    q = None if query_mask is None else ops.expand_dims(as_bool_mask(query_mask, "query_mask"), -1)
-    v = None if value_mask is None else ops.expand_dims(as_bool_mask(value_mask, "value_mask"), -2)
-    c = ops.expand_dims(causal_mask(query_length, value_length), 0) if use_causal_mask else None
-    return merge_masks(q, v, attention_mask, c)
+    q = as_bool_mask(query_mask, "query_mask")
+    v = as_bool_mask(value_mask, "value_mask")
+    c = causal_mask(query_length, value_length)[None] if use_causal_mask else None
+    return merge_masks(
+        None if q is None else q[:, :, None], None if v is None else v[:, None, :], attention_mask, c
+    )
+
+
+def attention_heads_mask(value_mask=None, attention_mask=None):
+    """The key-side mask of multi-head attention, factored: `(B, 1, 1, Tv)` or `(B|1, 1, Tq, Tv)`.
+
+    Padded keys stay `O(Tv)` (the chunked kernel slices this per key block);
+    the query mask and the causal mask are not in it: padded query rows are
+    zeroed on the output (`visible_query_rows`) and the causal mask is the
+    kernels' `is_causal`.
+    """
+    v = as_bool_mask(value_mask, "value_mask")
+    a = as_bool_mask(attention_mask, "attention_mask")
+    return merge_masks(None if v is None else v[:, None, None, :], None if a is None else a[:, None])
 
 
 def visible_rows(mask):
@@ -151,35 +184,48 @@ def visible_query_rows(
     value_mask=None,
     attention_mask=None,
     use_causal_mask=False,
+    query_start=None,
 ):
     """`visible_rows(compute_attention_mask(...))` without the `(Tq, Tv)` mask.
 
     With only a query mask, a value mask and the causal mask, whether row `i`
-    sees a key is `query_mask[i]` and "some visible key `j <= i + Tv - Tq`",
-    read from a running count of the value mask: `O(Tq + Tv)`. An explicit
-    `attention_mask` is already `(B, Tq, Tv)`, so then the masks are merged.
+    sees a key is `query_mask[i]` and "some visible key `j <= query_start + i`"
+    (`query_start` as in `causal_mask`), read from a running count of the value
+    mask: `O(Tq + Tv)`. An explicit `attention_mask` is already
+    `(B, Tq, Tv)`, so then the masks are merged. With `Tv = 0` no row sees a
+    key.
 
     Returns:
         Boolean `(B or 1, Tq or 1, 1)`, or `None` when every row sees a key.
     """
-    if attention_mask is not None:
+    empty = isinstance(value_length, int) and value_length == 0
+    if attention_mask is not None or empty:
+        if query_start is not None and use_causal_mask:
+            causal = causal_mask(query_length, value_length, query_start)[None]
+            attention_mask, use_causal_mask = merge_masks(attention_mask, causal), False
         mask = compute_attention_mask(
             query_length, value_length, query_mask, value_mask, attention_mask, use_causal_mask
         )
+        if mask is None:  # Tv = 0 and nothing else to mask
+            return ops.zeros((1, 1, 1), "bool")
         return visible_rows(mask)
+    value_mask = as_bool_mask(value_mask, "value_mask")
     seen = None
     if use_causal_mask:
-        last = ops.arange(query_length) + ops.cast(value_length - query_length, "int32")
+        start = value_length - query_length if query_start is None else query_start
+        last = ops.arange(query_length, dtype="int32") + ops.cast(start, "int32")  # (Tq,)
         if value_mask is None:
-            seen = ops.expand_dims(last >= 0, 0)  # (1, Tq)
+            seen = ops.expand_dims(ops.logical_and(last >= 0, value_length > 0), 0)  # (1, Tq)
         else:
-            counts = ops.cumsum(ops.cast(as_bool_mask(value_mask), "int32"), axis=-1)
+            counts = ops.cumsum(ops.cast(value_mask, "int32"), axis=-1)
             before = ops.take(counts, ops.clip(last, 0, value_length - 1), axis=-1)  # (B, Tq)
             seen = ops.logical_and(before > 0, ops.expand_dims(last >= 0, 0))
     elif value_mask is not None:
-        seen = ops.any(as_bool_mask(value_mask), axis=-1, keepdims=True)  # (B, 1)
+        seen = ops.any(value_mask, axis=-1, keepdims=True)  # (B, 1)
+    elif not isinstance(value_length, int):  # a length known only at run time may be 0
+        seen = ops.reshape(value_length > 0, (1, 1))
     if query_mask is not None:
-        seen = merge_masks(seen, query_mask)
+        seen = merge_masks(seen, as_bool_mask(query_mask, "query_mask"))
     return None if seen is None else ops.expand_dims(seen, -1)
 
 

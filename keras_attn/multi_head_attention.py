@@ -1,26 +1,26 @@
 """Multi-head attention (with grouped-query heads) on the shared attention path."""
 
 import keras
-from keras import ops as kops
+from keras import ops
 
-from keras_attn import ops
-from keras_attn._cache import call_cached
-from keras_attn.base import (
-    check_input_shapes,
+from keras_attn import masks
+from keras_attn import ops as attn_ops
+from keras_attn.arguments import (
+    check_dim,
     check_positive_int,
+    check_rank,
     check_rate,
+    clone_initializer,
     deserialize_optional_layer,
-    finish_outputs,
-    prepare_inputs,
-    prepare_query,
     serialize_optional_layer,
 )
-from keras_attn.chunked import chunked_attention
-from keras_attn.fused import MatmulEinsumDense
+from keras_attn.base import QueryMaskOutput, check_input_shapes, prepare_query
+from keras_attn.cache import KVCache, as_kv_cache, write
+from keras_attn.matmul_einsum_dense import MatmulEinsumDense
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
     """Multi-head attention: h scaled dot-product heads, concatenated, projected.
 
     `head_i = softmax(Q W_q^i (K W_k^i)^T / sqrt(d_k)) V W_v^i`,
@@ -33,18 +33,20 @@ class MultiHeadAttention(keras.layers.Layer):
     multi-query attention). The heads run on `keras_attn.ops.attention`, the
     same masked-softmax path as every other layer.
 
-    **Cached decoding.** Pass `cache=(key_cache, value_cache)` (each
-    `(B, g, S, d)`, from `empty_cache` or `compute_cache`):
+    **Cached decoding.** Pass `cache=` a `keras_attn.KVCache` (keys and
+    values `(B, g, S, d)` and which positions are valid keys, `(B, S)`; from
+    `empty_cache` or `compute_cache`):
 
     - with `cache_update_index=i` (self-attention), the keys and values of
-      the new tokens are written at positions `i, i + 1, ...` of the cache
-      and the queries attend over the whole cache (positions not yet written
-      are masked; with `use_causal_mask=True` token `i + t` sees positions
-      `<= i + t`). Decoding one token at a time gives the outputs of one full
-      causal pass.
+      the new tokens are written at positions `i, i + 1, ...` of the cache,
+      valid where `value_mask` says the new tokens are real, and the queries
+      attend over the valid positions of the whole cache (positions not yet
+      written are invalid; with `use_causal_mask=True` token `i + t` sees
+      positions `<= i + t`). Decoding one token at a time, after a prefill
+      with padding anywhere in it, gives the outputs of one full causal pass.
     - with `cache_update_index=None` (cross-attention), the cache holds the
-      keys and values of the source, computed once by `compute_cache`; pass
-      no `value` then.
+      keys and values of the source, computed once by `compute_cache`
+      (valid where the source's padding mask is); pass no `value` then.
 
     The call then returns the updated cache as its last output.
 
@@ -61,8 +63,10 @@ class MultiHeadAttention(keras.layers.Layer):
         rotary_embedding: `None`, or a `keras_attn.RotaryEmbedding` applied to
             each query and key head before the scores (positions from 0, or
             from `cache_update_index` for the new tokens of a cached call).
-        implementation: `"auto"` (default), `"dense"` or `"chunked"`. The
-            chunked path (`keras_attn.chunked`) never forms the
+        implementation: `"auto"` (default), `"dense"`, `"fused"` or
+            `"chunked"`: the kernel of `keras_attn.ops.attention`, which
+            chooses for `"auto"`. The chunked kernel
+            (`keras_attn.kernels.chunked_attention`) never forms the
             `(B, h, Tq, Tv)` weights, in the forward or the backward pass:
             memory grows as `Tq` instead of `Tq * Tv`, and padding and causal
             masks are applied per key block. `"auto"` takes it when the
@@ -78,16 +82,20 @@ class MultiHeadAttention(keras.layers.Layer):
         `(B, dq)`), `value (B, Tv, dv)`, `key` (defaults to `value`),
         `query_mask`, `value_mask`, `attention_mask (B, Tq, Tv)`,
         `use_causal_mask`, `return_attention_scores`, `training`.
-        cache: `(key_cache, value_cache)`, see above; `value_mask` then
-            covers the new tokens (self-attention) or the source (cross).
-        cache_update_index: int or scalar tensor, see above.
+        cache: a `keras_attn.KVCache`, see above; `value_mask` then covers
+            the new tokens (self-attention) or the source (cross).
+        cache_update_index: int or scalar integer tensor, see above. A Python
+            int at which the new tokens do not fit raises `ValueError`; a
+            tensor one fails a TensorFlow assertion when the step runs, and
+            makes the step's output NaN on every backend.
 
     Returns:
         `(B, Tq, output_dim or dq)`, and with `return_attention_scores=True`
         the weights `(B, h, Tq, Tv)` (`Tv = S` with a cache); with a cache
-        the updated cache comes last: `(output, [weights,] cache)`. A query
-        row with no visible key returns zeros (after the output projection
-        and its bias) and zero weights. A NaN or inf at a masked key or value
+        the updated `KVCache` comes last: `(output, [weights,] cache)`. A
+        query row with no visible key, a padded query row and every row when
+        `Tv = 0` return zeros (after the output projection and its bias) and
+        zero weights. The output mask is the query mask (implicit or explicit). A NaN or inf at a masked key or value
         (padding, a future step) never reaches the output, on every path
         (`keras_attn.finite`); one at a visible position makes the rows that
         see it NaN.
@@ -168,8 +176,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"`rotary_embedding`. Received: key_dim={key_dim}"
             )
         self.rotary_embedding = rotary_embedding
-        # Checks the name, and that "chunked" comes without dropout.
-        ops.choose_implementation(implementation, (None, None), self.dropout, True)
+        # Checks the name, and that "fused" and "chunked" come without dropout.
+        attn_ops.choose_implementation(implementation, (None, None), self.dropout, True, False)
         self.implementation = implementation
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
@@ -181,8 +189,8 @@ class MultiHeadAttention(keras.layers.Layer):
             contract_axes=2 if name == "attention_output" else 1,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -221,29 +229,31 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _heads(self, x):
         """`(B, T, n, d) -> (B, n, T, d)`."""
-        return kops.transpose(x, (0, 2, 1, 3))
+        return ops.transpose(x, (0, 2, 1, 3))
 
     def _repeat_kv(self, x):
         """`(B, g, T, d) -> (B, h, T, d)`, repeating each of the g heads h/g times."""
         groups = self.num_heads // x.shape[1]
-        return x if groups == 1 else kops.repeat(x, groups, axis=1)
+        return x if groups == 1 else ops.repeat(x, groups, axis=1)
 
     def _rotate(self, x, start_index=0):
         if self.rotary_embedding is None:
             return x
         return self.rotary_embedding(x, start_index=start_index)
 
-    def compute_cache(self, value, key=None):
+    def compute_cache(self, value, key=None, value_mask=None):
         """Keys and values of a source, for cross-attention with a cache.
 
         Args:
             value: `(B, Tv, dv)`.
             key: `(B, Tv, dk)`; defaults to `value`.
+            value_mask: bool `(B, Tv)`, the source's real tokens; `None`
+                means all.
 
         Returns:
-            `(key_cache, value_cache)`: `(B, g, Tv, key_dim)` and
-            `(B, g, Tv, value_dim)`, to pass as `cache=` with
-            `cache_update_index=None`.
+            A `KVCache`: keys `(B, g, Tv, key_dim)`, values
+            `(B, g, Tv, value_dim)` and `valid` the `value_mask`, to pass as
+            `cache=` with `cache_update_index=None`.
         """
         if not self.built:
             raise ValueError(
@@ -253,20 +263,25 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
         v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
-        return k, v
+        valid = masks.as_bool_mask(value_mask, "value_mask")
+        if valid is None:
+            valid = ops.ones(ops.shape(value)[:2], "bool")
+        return KVCache(k, v, valid)
 
     def empty_cache(self, batch_size, length, dtype=None):
-        """A zero self-attention cache for `length` positions.
+        """A self-attention cache for `length` positions, none of them valid yet.
 
         Returns:
-            `(key_cache, value_cache)` of zeros, `(B, g, length, key_dim)` and
-            `(B, g, length, value_dim)`, in the compute dtype.
+            A `KVCache` of zero keys `(B, g, length, key_dim)` and values
+            `(B, g, length, value_dim)` in the compute dtype, and `valid` all
+            `False`.
         """
         kv_heads = self.num_key_value_heads or self.num_heads
         dtype = dtype or self.compute_dtype
-        return (
-            kops.zeros((batch_size, kv_heads, length, self.key_dim), dtype),
-            kops.zeros((batch_size, kv_heads, length, self.value_dim or self.key_dim), dtype),
+        return KVCache(
+            ops.zeros((batch_size, kv_heads, length, self.key_dim), dtype),
+            ops.zeros((batch_size, kv_heads, length, self.value_dim or self.key_dim), dtype),
+            ops.zeros((batch_size, length), "bool"),
         )
 
     def call(
@@ -284,35 +299,85 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_update_index=None,
     ):
         self._check_built_widths(query, value, key)
-        if cache is not None:
-            return call_cached(
-                self, query, value, key, query_mask, value_mask, attention_mask, use_causal_mask,
-                return_attention_scores, training, cache, cache_update_index,
-            )  # fmt: skip
-        if value is None:
-            raise ValueError("`value` is required unless a precomputed `cache` is passed.")
-        key = value if key is None else key
-        query_length = 1 if len(query.shape) == 2 else query.shape[1]
-        implementation = self._implementation(
-            (query.shape[0], query_length, value.shape[1]), return_attention_scores, training
-        )
-        if implementation == "chunked":
-            return self._call_chunked(
-                query, value, key, query_mask, value_mask, attention_mask, use_causal_mask
+        cached, cross = cache is not None, cache is not None and cache_update_index is None
+        explicit_mask = attention_mask
+        if cached:
+            check_rank("query", query.shape, (3,))
+            cache = as_kv_cache(cache)
+            check_rank("cache", cache.key.shape, (4,))
+            attention_mask = None  # over the cache's positions: checked below
+        if cross and (value is not None or key is not None):
+            raise ValueError(
+                "With `cache_update_index=None` the cache holds the keys and values: "
+                "pass no `value` or `key`."
             )
-        query, mask, single_query = prepare_inputs(
-            query, value, query_mask, value_mask, attention_mask, use_causal_mask
-        )  # mask: (B, Tq, Tv) or None
-        q = self._heads(self._rotate(self.query_dense(query)))  # (B, h, Tq, dk)
-        k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
-        v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
-        output, weights = self._attend(
-            q, k, v, mask, training, return_weights=return_attention_scores
+        if not cross and value is None:
+            raise ValueError(
+                "`value` is required unless a precomputed `cache` is passed "
+                "(with a self-attention cache, `value` holds the new tokens)."
+            )
+        value_shape = (cache.key.shape[0], cache.length) if cross else value.shape
+        query, query_mask, attention_mask, single_query = prepare_query(
+            query, value, query_mask, value_mask, attention_mask, key=key, value_shape=value_shape
         )
-        if weights is None:  # not requested: zero the rows that see nothing, as finish_outputs
-            mask = None if mask is None else ops.visible_rows(mask)
-            return self._finish(output, mask, single_query)
-        return finish_outputs(output, weights, mask, single_query, return_attention_scores)
+        if cached:
+            attention_mask = self._cache_attention_mask(explicit_mask, cache)
+        self.set_output_mask(query_mask)
+
+        start, in_range = None, None  # the causal mask's query start; a tensor index's check
+        if cross:
+            k, v, key_mask = cache.key, cache.value, masks.merge_masks(cache.valid, value_mask)
+        else:
+            key = value if key is None else key
+            index = 0 if cache_update_index is None else cache_update_index
+            k = self._heads(self._rotate(self.key_dense(key), index))  # (B, g, Tv, dk)
+            v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
+            key_mask = value_mask
+            if cached:  # write the new tokens, then attend over the whole cache
+                cache, in_range = write(cache, cache_update_index, k, v, value_mask)
+                k, v, key_mask, start = cache.key, cache.value, cache.valid, cache_update_index
+        q = self._heads(self._rotate(self.query_dense(query), 0 if start is None else start))
+        heads, weights = attn_ops.attention(
+            q,
+            self._repeat_kv(k),  # (B, h, Tv, dk)
+            self._repeat_kv(v),
+            mask=masks.attention_heads_mask(key_mask, attention_mask),
+            is_causal=use_causal_mask,
+            query_start=start,
+            dropout_rate=self.dropout,
+            training=training,
+            seed=self.seed_generator,
+            implementation=self.implementation,
+            return_weights=return_attention_scores,
+        )  # (B, h, Tq, dv), (B, h, Tq, Tv) or None
+        output = self.output_dense(ops.transpose(heads, (0, 2, 1, 3)))  # (B, Tq, out)
+        rows = masks.visible_query_rows(
+            ops.shape(q)[2], ops.shape(k)[2], query_mask, key_mask, attention_mask,
+            use_causal_mask, query_start=start,
+        )  # fmt: skip
+        if rows is not None:  # (B|1, Tq|1, 1): padded rows and rows that see nothing give zeros
+            output = ops.where(rows, output, ops.zeros_like(output))
+            if weights is not None:
+                weights = ops.where(rows[:, None], weights, ops.zeros_like(weights))
+        if in_range is not None:  # a tensor cache index past the end: NaN, never clamped
+            output = ops.where(in_range, output, ops.cast(float("nan"), output.dtype))
+        if single_query:
+            output = output[:, 0]
+            weights = None if weights is None else weights[..., 0, :]
+        outputs = (output, weights) if return_attention_scores else (output,)
+        if cached:
+            outputs += (cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _cache_attention_mask(self, attention_mask, cache):
+        """The checked `attention_mask (B|1, Tq, S)` of a cached call: over the cache's positions."""
+        if attention_mask is None:
+            return None
+        masks.check_mask_dtype("attention_mask", attention_mask)
+        check_rank("attention_mask", attention_mask.shape, (3,))
+        check_dim("attention_mask", attention_mask.shape[2], "cache", cache.length,
+                  "length (axis 2 of the mask, axis 2 of the cache)")  # fmt: skip
+        return masks.as_bool_mask(attention_mask, "attention_mask")
 
     def _check_built_widths(self, query, value, key):
         """`ValueError` unless the inputs have the widths the projections were built for."""
@@ -326,80 +391,13 @@ class MultiHeadAttention(keras.layers.Layer):
                     f"Received: {name}.shape={tuple(x.shape)}"
                 )
 
-    def _implementation(self, shape, return_attention_scores, training):
-        """`"dense"` or `"chunked"` for a call with static `(B, Tq, Tv)` (see `implementation`)."""
-        if return_attention_scores:
-            if self.implementation == "chunked":
-                raise ValueError(
-                    "implementation='chunked' never forms the attention weights: call with "
-                    "return_attention_scores=False, or use implementation='auto'."
-                )
-            return "dense"
-        batch, query_length, value_length = shape
-        return ops.choose_implementation(
-            self.implementation,
-            (batch, self.num_heads, query_length, value_length),
-            self.dropout,
-            training,
-        )
-
-    def _call_chunked(
-        self, query, value, key, query_mask, value_mask, attention_mask, use_causal_mask
-    ):
-        """The call on the chunked path: no `(Tq, Tv)` tensor unless `attention_mask` is one."""
-        query, query_mask, attention_mask, single_query = prepare_query(
-            query, value, query_mask, value_mask, attention_mask, key=key
-        )
-        q = self._heads(self._rotate(self.query_dense(query)))  # (B, h, Tq, dk)
-        k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
-        v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
-        # Padded keys as (B, 1, 1, Tv); padded queries are zeroed after the projection.
-        mask = ops.merge_masks(
-            None if value_mask is None else ops.as_bool_mask(value_mask)[:, None, None, :],
-            None if attention_mask is None else kops.expand_dims(attention_mask, 1),
-        )
-        heads = chunked_attention(
-            q, self._repeat_kv(k), self._repeat_kv(v), mask, is_causal=use_causal_mask
-        )  # (B, h, Tq, dv)
-        rows = ops.visible_query_rows(
-            kops.shape(query)[1], kops.shape(value)[1], query_mask, value_mask,
-            attention_mask, use_causal_mask,
-        )  # fmt: skip
-        return self._finish(
-            self.output_dense(kops.transpose(heads, (0, 2, 1, 3))), rows, single_query
-        )
-
-    def _finish(self, output, rows, single_query):
-        """`finish_outputs` without weights: zero the rows that see nothing `(B, Tq, 1)`."""
-        if rows is not None:
-            output = kops.where(rows, output, kops.zeros_like(output))
-        return output[:, 0] if single_query else output
-
-    def _attend(self, q, k, v, mask, training, implementation="dense", return_weights=True):
-        """Per-head attention and output projection: `(B, Tq, out)`, weights `(B, h, Tq, Tv)`.
-
-        The weights are `None` on the chunked path and when not requested.
-        """
-        heads, weights = ops.attention(
-            q,
-            self._repeat_kv(k),
-            self._repeat_kv(v),
-            mask=None if mask is None else kops.expand_dims(mask, 1),  # (B, 1, Tq, Tv)
-            dropout_rate=self.dropout,
-            training=training,
-            seed=self.seed_generator,
-            implementation=implementation,
-            return_weights=return_weights,
-        )
-        return self.output_dense(kops.transpose(heads, (0, 2, 1, 3))), weights
-
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
 
     def compute_output_spec(
         self, query, value=None, key=None, return_attention_scores=False, cache=None, **kwargs
     ):
-        value_length = value.shape[1] if cache is None else cache[0].shape[2]
+        value_length = value.shape[1] if cache is None else as_kv_cache(cache).length
         output_shape = tuple(query.shape[:-1]) + (self.output_dim or query.shape[-1],)
         outputs = [keras.KerasTensor(output_shape, dtype=self.compute_dtype)]
         if return_attention_scores:
@@ -407,7 +405,8 @@ class MultiHeadAttention(keras.layers.Layer):
             weights_shape = (batch, self.num_heads) + query_length + (value_length,)
             outputs.append(keras.KerasTensor(weights_shape, dtype=self.compute_dtype))
         if cache is not None:
-            outputs.append(tuple(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache))
+            cache = as_kv_cache(cache)
+            outputs.append(KVCache(*(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache)))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def get_config(self):

@@ -21,17 +21,17 @@ import math
 import numpy as np
 from keras import ops, random
 
-from keras_attn import finite
-from keras_attn.chunked import chunked_attention
-from keras_attn.fused import fused_attention, softmax
+from keras_attn.kernels import KERNELS, finite, masked_softmax
+from keras_attn.kernels._shapes import check_qkv, swap_last
 from keras_attn.masks import (
     as_bool_mask,
-    cache_mask,
+    attention_heads_mask,
     causal_mask,
     check_mask_broadcast,
     check_mask_dtype,
     chosen_positions_mask,
     compute_attention_mask,
+    fill_masked,
     merge_masks,
     visible_query_rows,
     visible_rows,
@@ -43,8 +43,8 @@ __all__ = [
     "additive_score",
     "as_bool_mask",
     "attention",
+    "attention_heads_mask",
     "bilinear_score",
-    "cache_mask",
     "causal_mask",
     "check_mask_broadcast",
     "check_mask_dtype",
@@ -53,6 +53,7 @@ __all__ = [
     "compute_attention_mask",
     "dot_score",
     "dropout_weights",
+    "fill_masked",
     "masked_softmax",
     "merge_masks",
     "scaled_dot_score",
@@ -60,12 +61,6 @@ __all__ = [
     "visible_rows",
     "weighted_sum",
 ]
-
-# Fill value for masked scores. Softmax runs in float32, so the most negative
-# finite float32 is safe: exp(fill - max) underflows to exactly 0 for any finite
-# visible score, and a row of fills gives a finite uniform row that
-# `masked_softmax` then zeroes.
-_MASK_FILL = float(np.finfo(np.float32).min)
 
 
 def _check_widths(name_a, shape_a, name_b, shape_b):
@@ -76,12 +71,6 @@ def _check_widths(name_a, shape_a, name_b, shape_b):
             f"score. Received: {name_a}.shape={tuple(shape_a)}, "
             f"{name_b}.shape={tuple(shape_b)}"
         )
-
-
-def _swap_last(x):
-    rank = len(x.shape)
-    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-    return ops.transpose(x, perm)
 
 
 # ---------------------------------------------------------------------------
@@ -100,7 +89,7 @@ def dot_score(query, key):
         Scores `(..., Tq, Tv)`.
     """
     _check_widths("query", query.shape, "key", key.shape)
-    return ops.matmul(query, _swap_last(key))
+    return ops.matmul(query, swap_last(key))
 
 
 def scaled_dot_score(query, key, scale=None):
@@ -118,7 +107,7 @@ def scaled_dot_score(query, key, scale=None):
     if scale is None:
         scale = 1.0 / float(np.sqrt(_static_width("key", key)))
     # Scaling the query costs Tq * d multiplies instead of Tq * Tv.
-    return ops.matmul(query * ops.cast(scale, query.dtype), _swap_last(key))
+    return ops.matmul(query * ops.cast(scale, query.dtype), swap_last(key))
 
 
 def additive_score(query, key, v):
@@ -162,7 +151,7 @@ def bilinear_score(query, key, kernel):
             f"kernel.shape={kernel_shape}, query.shape={tuple(query.shape)}, "
             f"key.shape={tuple(key.shape)}"
         )
-    return ops.matmul(ops.matmul(query, kernel), _swap_last(key))
+    return ops.matmul(ops.matmul(query, kernel), swap_last(key))
 
 
 def _static_width(name, x):
@@ -178,34 +167,6 @@ def _static_width(name, x):
 # ---------------------------------------------------------------------------
 # Normalize, dropout, combine
 # ---------------------------------------------------------------------------
-
-
-def masked_softmax(scores, mask=None, axis=-1):
-    """Softmax over `axis` that gives masked positions exactly zero weight.
-
-    The softmax is computed in float32 whatever the input dtype (so it cannot
-    overflow under `mixed_float16`) and cast back to the input dtype. A row in
-    which every position is masked gets all-zero weights, with zero (finite)
-    gradients.
-
-    Args:
-        scores: float tensor.
-        mask: boolean (or integer) tensor broadcastable to `scores`, `True` =
-            keep. A float mask raises `TypeError`, a static shape that does
-            not broadcast to the scores' `ValueError`.
-        axis: axis to normalize over.
-
-    Returns:
-        Weights with the shape and dtype of `scores`.
-    """
-    logits = ops.cast(scores, "float32")
-    if mask is None:
-        return ops.cast(softmax(logits, axis=axis), scores.dtype)
-    mask = as_bool_mask(mask)
-    check_mask_broadcast(mask, scores.shape)
-    weights = softmax(ops.where(mask, logits, _MASK_FILL), axis=axis)
-    weights = ops.where(mask, weights, 0.0)
-    return ops.cast(weights, scores.dtype)
 
 
 def dropout_weights(weights, rate, training=False, seed=None):
@@ -236,48 +197,38 @@ def weighted_sum(weights, value):
     return finite.nan_where_seen(ops.matmul(weights, value), weights, flag)
 
 
-IMPLEMENTATIONS = ("auto", "dense", "chunked")
-# "auto" switches to the chunked path once the (..., Tq, Tv) scores would hold
+IMPLEMENTATIONS = ("auto", "dense", "fused", "chunked")
+# "auto" switches to the chunked kernel once the (..., Tq, Tv) scores would hold
 # 2^28 values (1 GiB in float32; a dense training step keeps about three such
 # tensors alive): e.g. 8 heads at B=1 from L=8192, at B=8 from L=2896.
-# Below it the dense path is faster (measured 1.4-1.7x at L=4096-8192, B=1).
+# Below it the fused kernel is faster (measured 1.4-1.7x at L=4096-8192, B=1).
 CHUNKED_MIN_SCORES = 2**28
-
-
-def _check_attention_ranks(query, key, value):
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if len(x.shape) < 2:
-            raise ValueError(
-                f"`{name}` must have rank >= 2, `(..., length, width)`. "
-                f"Received: {name}.shape={tuple(x.shape)}"
-            )
-    if not len(query.shape) == len(key.shape) == len(value.shape):
-        raise ValueError(
-            "`query`, `key` and `value` must have the same rank. Received: "
-            f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}, "
-            f"value.shape={tuple(value.shape)}"
-        )
 
 
 def _dropout_active(rate, training):
     return bool(rate) and not (training is None or training is False)
 
 
-def choose_implementation(implementation, scores_shape, dropout_rate, training):
-    """Resolves `"auto"` to `"dense"` or `"chunked"`; checks the name and dropout.
+def choose_implementation(implementation, scores_shape, dropout_rate, training, return_weights):
+    """The one choice of a kernel: `"dense"`, `"fused"` or `"chunked"`.
 
     Args:
-        implementation: `"auto"`, `"dense"` or `"chunked"`.
+        implementation: `"auto"`, `"dense"`, `"fused"` or `"chunked"`.
         scores_shape: the static shape of the scores, `(..., Tq, Tv)`. With
-            `Tq` or `Tv` unknown `"auto"` picks dense; unknown leading axes
-            (the batch at trace time) count as 1.
-        dropout_rate, training: the chunked path has no dropout, so
-            `"auto"` picks dense while dropout is active and `"chunked"`
-            raises.
+            `Tq` or `Tv` unknown `"auto"` never picks chunked; unknown leading
+            axes (the batch at trace time) count as 1.
+        dropout_rate, training: dropout is active when both are truthy.
+        return_weights: whether the caller needs the weights.
 
     Returns:
-        `"dense"`, or `"chunked"` (`"auto"`: when the scores would hold at
-        least `CHUNKED_MIN_SCORES` values).
+        The kernel's name. `"auto"` gives `"dense"` when the weights are
+        needed or dropout is active (only the dense kernel has them), else
+        `"chunked"` when the scores would hold at least
+        `CHUNKED_MIN_SCORES` values, else `"fused"`.
+
+    Raises:
+        ValueError: an unknown name; `"fused"` or `"chunked"` with active
+            dropout or with the weights requested.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -285,20 +236,28 @@ def choose_implementation(implementation, scores_shape, dropout_rate, training):
             f"Received: implementation={implementation!r}"
         )
     dropout = _dropout_active(dropout_rate, training)
-    if implementation == "chunked" and dropout:
+    if implementation in ("fused", "chunked") and return_weights:
         raise ValueError(
-            "The chunked attention path has no dropout: use a dropout rate of 0, "
+            f"implementation={implementation!r} never forms the attention weights: call with "
+            "return_attention_scores=False (return_weights=False), or use implementation "
+            "'auto' or 'dense'."
+        )
+    if implementation in ("fused", "chunked") and dropout:
+        raise ValueError(
+            f"implementation={implementation!r} has no dropout: use a dropout rate of 0, "
             "training=False, or implementation 'auto' or 'dense'. Received: dropout rate "
             f"{dropout_rate} with training={training}"
         )
     if implementation != "auto":
         return implementation
+    if dropout or return_weights:
+        return "dense"
     # Known dims are ints; None (or a JAX symbolic dim, in `model.export`) is unknown.
     known = [d if isinstance(d, int) else None for d in scores_shape]
-    if dropout or known[-1] is None or known[-2] is None:
-        return "dense"
+    if known[-1] is None or known[-2] is None:
+        return "fused"
     size = math.prod(d for d in known if d is not None)
-    return "chunked" if size >= CHUNKED_MIN_SCORES else "dense"
+    return "chunked" if size >= CHUNKED_MIN_SCORES else "fused"
 
 
 def attention(
@@ -311,47 +270,51 @@ def attention(
     scale=None,
     training=False,
     seed=None,
-    implementation="dense",
+    implementation="auto",
     return_weights=True,
+    query_start=None,
 ):
     """Scaled dot-product attention `softmax(q k^T * scale) v`, masks included.
+
+    The one place that chooses a kernel (`keras_attn.kernels`); every layer
+    with dot-product heads calls it.
 
     Args:
         query: `(..., Tq, dk)`.
         key: `(..., Tv, dk)`.
         value: `(..., Tv, dv)`.
         mask: boolean (or integer), broadcastable to `(..., Tq, Tv)`, `True` =
-            attend. A float (additive) mask raises `TypeError`.
-        is_causal: also apply `causal_mask(Tq, Tv)` (end-aligned).
+            attend. A float (additive) mask raises `TypeError`. Keep it
+            factored (e.g. `(B, 1, 1, Tv)` for padded keys): the chunked
+            kernel then stays `O(Tv)` in memory.
+        is_causal: also apply `causal_mask(Tq, Tv, query_start)`.
         dropout_rate: dropout on the weights when `training`.
         scale: score multiplier; `None` means `1 / sqrt(dk)`.
         training: whether dropout is active.
         seed: a `keras.random.SeedGenerator` or int for the dropout.
-        implementation: `"dense"` (the weights are computed and returned),
-            `"chunked"` (`keras_attn.chunked.chunked_attention`: key blocks
-            with an online softmax, memory `O(Tq)` per block instead of
-            `O(Tq Tv)`; no weights, no dropout) or `"auto"` (chunked when
-            the `(..., Tq, Tv)` scores would hold `CHUNKED_MIN_SCORES` values
-            or more, both lengths known at trace time and no dropout active;
-            dense otherwise).
-        return_weights: `False` returns `None` for the weights and, on the
-            dense path without active dropout, runs
-            `keras_attn.fused.fused_attention` (same values; a written-out
-            gradient and the mask as one bias make fewer passes over the
-            `(Tq, Tv)` scores).
+        implementation: `"dense"` (the weights computed and returned, dropout),
+            `"fused"` (the same values with a written-out gradient, no weights,
+            no dropout), `"chunked"` (key blocks with an online softmax,
+            memory `O(Tq)` per block instead of `O(Tq Tv)`; no weights, no
+            dropout) or `"auto"` (see `choose_implementation`).
+        return_weights: `False` returns `None` for the weights (and lets
+            `"auto"` take the fused or chunked kernel).
+        query_start: the position of the first query among the keys for the
+            causal mask; `None` means `Tv - Tq` (end-aligned). A cached
+            decoding step passes its cache index.
 
     Returns:
-        `(output, weights)`: output `(..., Tq, dv)`, weights `(..., Tq, Tv)`,
-        or `None` for the weights when the chunked path ran or
-        `return_weights=False`. Rows with no visible key give zero weights
-        and a zero output. A NaN or inf in a masked key or value never
-        reaches the output; one at a visible key makes the rows that see it
-        NaN (every path: see `keras_attn.finite`).
+        `(output, weights)`: output `(..., Tq, dv)`, weights `(..., Tq, Tv)`
+        or `None` (not requested). Rows with no visible key give zero
+        weights and a zero output. A NaN or inf in a masked key or value
+        never reaches the output; one at a visible key makes the rows that
+        see it NaN (every kernel: see `keras_attn.kernels.finite`).
 
     Raises:
         ValueError: `query`, `key` and `value` of rank < 2 or of different
             ranks, a `mask` whose static shape does not broadcast to
-            `(..., Tq, Tv)`, mismatched widths.
+            `(..., Tq, Tv)`, mismatched widths, a kernel that cannot give
+            what the call asks (see `choose_implementation`).
         TypeError: a float `mask`.
 
     Example:
@@ -361,24 +324,18 @@ def attention(
     >>> print(out.shape, w.shape)
     (2, 4, 8) (2, 4, 4)
     """
-    _check_attention_ranks(query, key, value)
+    check_qkv(query, key, value)
     scores_shape = (*query.shape[:-1], key.shape[-2])
+    mask = as_bool_mask(mask)
     if mask is not None:
-        mask = as_bool_mask(mask)
         check_mask_broadcast(mask, scores_shape)
-    implementation = choose_implementation(implementation, scores_shape, dropout_rate, training)
-    if implementation == "chunked":
-        return chunked_attention(query, key, value, mask, is_causal, scale), None
-    if not return_weights and not _dropout_active(dropout_rate, training):
-        return fused_attention(query, key, value, mask, is_causal, scale), None
-    # Non-finite keys too: a NaN key at a masked position is then not in the
-    # gradient of the query either (dQ = dS K, and 0 * NaN = NaN).
-    value, key, flag = finite.zero_nonfinite(value, key)
-    scores = scaled_dot_score(query, key, scale=scale)
-    if is_causal:
-        mask = merge_masks(mask, causal_mask(ops.shape(query)[-2], ops.shape(key)[-2]))
-    weights = masked_softmax(scores, mask)
-    weights = dropout_weights(weights, dropout_rate, training=training, seed=seed)
-    w = ops.cast(weights, value.dtype)
-    output = finite.nan_where_seen(ops.matmul(w, value), w, flag)
+    name = choose_implementation(
+        implementation, scores_shape, dropout_rate, training, return_weights
+    )
+    dropout = None
+    if _dropout_active(dropout_rate, training):
+        dropout = lambda w: random.dropout(w, dropout_rate, seed=seed)  # noqa: E731
+    output, weights = KERNELS[name](
+        query, key, value, mask, is_causal, query_start, scale, dropout
+    )
     return output, weights if return_weights else None

@@ -3,7 +3,7 @@
 import keras
 
 from keras_attn.additive_attention import AdditiveAttention
-from keras_attn.base import check_positive_int
+from keras_attn.arguments import check_positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -4,14 +4,9 @@ import keras
 from keras import ops as kops
 
 from keras_attn import ops
-from keras_attn.base import (
-    check_floating,
-    check_mask_dtype,
-    check_positive_int,
-    check_rank,
-    check_rate,
-    finite_weighted_sum,
-)
+from keras_attn.arguments import check_floating, check_positive_int, check_rank, check_rate
+from keras_attn.kernels import finite
+from keras_attn.masks import check_mask_dtype
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -125,6 +120,10 @@ class AttentionPooling(keras.layers.Layer):
                             f"`mask` and `inputs` must have the same {what}. Received: "
                             f"mask.shape={tuple(mask.shape)}, inputs.shape={tuple(inputs.shape)}"
                         )
+        # Steps holding a NaN or inf are zeroed (and flagged) first: masked, they
+        # reach no output and no gradient (dW = h^T dU would be 0 * NaN);
+        # visible, they make the pooled vector NaN (`keras_attn.kernels.finite`).
+        inputs, _, flag = finite.zero_nonfinite(inputs)
         hidden = kops.matmul(inputs, self.kernel)  # (B, T, units)
         if self.bias is not None:
             hidden = hidden + self.bias
@@ -133,7 +132,8 @@ class AttentionPooling(keras.layers.Layer):
         weights = ops.dropout_weights(
             weights, self.dropout, training=training, seed=self.seed_generator
         )
-        pooled = finite_weighted_sum(kops.expand_dims(weights, 1), inputs)  # (B, 1, d)
+        w = kops.cast(kops.expand_dims(weights, 1), inputs.dtype)  # (B, 1, T)
+        pooled = finite.nan_where_seen(kops.matmul(w, inputs), w, flag)  # (B, 1, d)
         pooled = kops.squeeze(pooled, 1)  # (B, d)
         if return_attention_scores:
             return pooled, weights

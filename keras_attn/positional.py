@@ -11,7 +11,12 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.base import check_floating, check_positive_int, check_positive_number
+from keras_attn.arguments import (
+    check_floating,
+    check_positive_int,
+    check_positive_number,
+    clone_initializer,
+)
 
 
 def _check_input_shape(name, shape, ranks, even=False, width=True):
@@ -368,14 +373,14 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.token_embedding = keras.layers.Embedding(
             vocab_size,
             embedding_dim,
-            embeddings_initializer=self.embeddings_initializer,
+            embeddings_initializer=clone_initializer(self.embeddings_initializer),
             dtype=self.dtype_policy,
             name="token_embedding",
         )  # the mask is computed here, in compute_mask
         if position == "learned":
             self.position_embedding = LearnedPositionalEmbedding(
                 sequence_length,
-                initializer=self.embeddings_initializer,
+                initializer=clone_initializer(self.embeddings_initializer),
                 dtype=self.dtype_policy,
                 name="position_embedding",
             )

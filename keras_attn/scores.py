@@ -9,6 +9,7 @@ import keras
 from keras import ops as kops
 
 from keras_attn import ops
+from keras_attn.arguments import clone_initializer
 
 _REGISTRY = keras.saving.register_keras_serializable(package="keras_attn")
 
@@ -107,12 +108,12 @@ class AdditiveScore(Score):
         self.query_kernel = self.add_weight(  # U
             name="query_kernel",
             shape=(query_shape[-1], units),
-            initializer=self.kernel_initializer,
+            initializer=clone_initializer(self.kernel_initializer),
         )
         self.key_kernel = self.add_weight(  # W
             name="key_kernel",
             shape=(key_shape[-1], units),
-            initializer=self.kernel_initializer,
+            initializer=clone_initializer(self.kernel_initializer),
         )
         self.bias = (
             self.add_weight(name="bias", shape=(units,), initializer=self.bias_initializer)
@@ -122,7 +123,7 @@ class AdditiveScore(Score):
         self.score_vector = self.add_weight(  # v
             name="score_vector",
             shape=(units,),
-            initializer=self.kernel_initializer,
+            initializer=clone_initializer(self.kernel_initializer),
         )
 
     def call(self, query, key):

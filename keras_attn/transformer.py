@@ -10,17 +10,20 @@ usually ends with one more `LayerNormalization`). Residuals go through
 
 import keras
 
-from keras_attn.base import (
+from keras_attn.arguments import (
     check_dim,
     check_floating,
-    check_mask_dtype,
     check_positive_int,
     check_positive_number,
     check_rank,
     check_rate,
+    clone_initializer,
     deserialize_optional_layer,
     serialize_optional_layer,
+    sublayer_seed,
 )
+from keras_attn.base import QueryMaskOutput
+from keras_attn.masks import check_mask_dtype
 from keras_attn.multi_head_attention import MultiHeadAttention
 
 
@@ -83,8 +86,8 @@ class FeedForward(keras.layers.Layer):
             units,
             activation=activation,
             use_bias=self.use_bias,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -129,7 +132,7 @@ class FeedForward(keras.layers.Layer):
         return config
 
 
-class _TransformerBlock(keras.layers.Layer):
+class _TransformerBlock(QueryMaskOutput, keras.layers.Layer):
     """What the encoder and decoder blocks share: arguments, sublayers, Add & Norm."""
 
     def __init__(
@@ -205,16 +208,27 @@ class _TransformerBlock(keras.layers.Layer):
         check_dim(mask_name, mask.shape[1], name, sequence.shape[1], "length")
         check_dim(mask_name, mask.shape[0], name, sequence.shape[0], "batch size")
 
+    # Each random sublayer draws its own seed (`sublayer_seed`): the attention
+    # dropouts, the residual dropouts and the feed-forward's hidden dropout.
+    _SEEDS = {
+        "self_attention": 0,
+        "cross_attention": 1,
+        "self_attention_dropout": 2,
+        "cross_attention_dropout": 3,
+        "feed_forward_dropout": 4,
+        "feed_forward": 5,
+    }
+
     def _attention(self, width, name, rotary_embedding=None):
         return MultiHeadAttention(
             num_heads=self.num_heads,
             key_dim=self.key_dim or width // self.num_heads,
             num_key_value_heads=self.num_key_value_heads,
             dropout=self.attention_dropout,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             rotary_embedding=rotary_embedding,
-            seed=self.seed,
+            seed=sublayer_seed(self.seed, self._SEEDS[name]),
             dtype=self.dtype_policy,
             name=name,
         )
@@ -225,7 +239,10 @@ class _TransformerBlock(keras.layers.Layer):
         )
         norm.build(shape)
         dropout = keras.layers.Dropout(
-            self.dropout, seed=self.seed, dtype=self.dtype_policy, name=f"{name}_dropout"
+            self.dropout,
+            seed=sublayer_seed(self.seed, self._SEEDS[f"{name}_dropout"]),
+            dtype=self.dtype_policy,
+            name=f"{name}_dropout",
         )
         return norm, dropout
 
@@ -233,8 +250,9 @@ class _TransformerBlock(keras.layers.Layer):
         self.feed_forward = FeedForward(
             self.intermediate_dim,
             activation=self.activation,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            seed=sublayer_seed(self.seed, self._SEEDS["feed_forward"]),
             dtype=self.dtype_policy,
             name="feed_forward",
         )
@@ -365,6 +383,7 @@ class TransformerEncoderBlock(_TransformerBlock):
         training=None,
     ):
         self._check_sequence("inputs", inputs, self._width, "padding_mask", padding_mask)
+        self.set_output_mask(padding_mask)
         weights = []
 
         def attend(x):

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_attn.ops import merge_masks
+from keras_attn.cache import KVCache, as_kv_cache
 from keras_attn.transformer import _BLOCK_ARGS, _TransformerBlock
 
 
@@ -45,15 +45,16 @@ class TransformerDecoderBlock(_TransformerBlock):
         decoder_attention_mask: bool `(B, T, T)` (cached: `(B, T, L)`).
         encoder_attention_mask: bool `(B, T, S)`.
         use_causal_mask: causal self-attention (default `True`).
-        self_attention_cache: `(key_cache, value_cache)` of the self-attention
+        self_attention_cache: the `keras_attn.KVCache` of the self-attention
             (`block.self_attention.empty_cache(batch, max_length)`); turns on
             cached decoding, with `self_attention_cache_update_index` the
-            position of the first token of `decoder_sequence`.
+            position of the first token of `decoder_sequence`. It remembers
+            which of its positions are real tokens (`decoder_padding_mask`).
         self_attention_cache_update_index: int or scalar tensor.
-        cross_attention_cache: `(key_cache, value_cache, encoder_padding_mask)`
-            as returned by the first cached call (which gets `encoder_sequence`);
-            pass it, and no `encoder_sequence`, on later steps: the source is
-            projected once and its padding mask travels with it.
+        cross_attention_cache: the `KVCache` of the source, as returned by
+            the first cached call (which gets `encoder_sequence`); pass it,
+            and no `encoder_sequence`, on later steps: the source is projected
+            once and its padding mask travels with it.
         return_attention_scores: also return the weights.
         training: dropout on or off.
 
@@ -163,6 +164,7 @@ class TransformerDecoderBlock(_TransformerBlock):
                 "encoder_sequence", encoder_sequence, self._source_width, "encoder_padding_mask",
                 encoder_padding_mask,
             )  # fmt: skip
+        self.set_output_mask(decoder_padding_mask)
         weights, caches = [], []
 
         def self_attend(x):
@@ -189,9 +191,10 @@ class TransformerDecoderBlock(_TransformerBlock):
             # First cached step: project the source once; later steps reuse it.
             if encoder_padding_mask is None:
                 encoder_padding_mask = self._implicit_mask(encoder_sequence)  # (B, S)
-            keys, values = self.cross_attention.compute_cache(encoder_sequence)
-            cross_attention_cache = (keys, values, encoder_padding_mask)
-            encoder_sequence = None
+            cross_attention_cache = self.cross_attention.compute_cache(
+                encoder_sequence, value_mask=encoder_padding_mask
+            )
+            encoder_sequence, encoder_padding_mask = None, None
 
         def cross_attend(x):
             common = dict(
@@ -202,9 +205,8 @@ class TransformerDecoderBlock(_TransformerBlock):
                 training=training,
             )
             if cross_attention_cache is not None:
-                keys, values, source_mask = cross_attention_cache
-                common["value_mask"] = merge_masks(source_mask, encoder_padding_mask)
-                out = self.cross_attention(x, cache=(keys, values), **common)[:-1]
+                # The cache's `valid` is the source's padding mask; merge any new one.
+                out = self.cross_attention(x, cache=cross_attention_cache, **common)[:-1]
             else:
                 out = self.cross_attention(x, encoder_sequence, **common)
                 out = out if isinstance(out, tuple) else (out,)
@@ -241,21 +243,29 @@ class TransformerDecoderBlock(_TransformerBlock):
         batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
         outputs = [keras.KerasTensor(decoder_sequence.shape, dtype=self.compute_dtype)]
         if return_attention_scores:
-            keys = length if self_attention_cache is None else self_attention_cache[0].shape[2]
+            keys = length if self_attention_cache is None else as_kv_cache(self_attention_cache).length
             shape = (batch, self.num_heads, length)
             outputs.append(keras.KerasTensor(shape + (keys,), dtype=self.compute_dtype))
             if self.cross_attention is not None:
-                source = cross_attention_cache[0] if cross_attention_cache else encoder_sequence
-                source_length = source.shape[2 if cross_attention_cache else 1]
+                source_length = (
+                    as_kv_cache(cross_attention_cache).length
+                    if cross_attention_cache
+                    else encoder_sequence.shape[1]
+                )
                 outputs.append(keras.KerasTensor(shape + (source_length,), self.compute_dtype))
         if self_attention_cache is not None:
-            outputs.append(tuple(keras.KerasTensor(c.shape, c.dtype) for c in self_attention_cache))
+            outputs.append(
+                KVCache(*(keras.KerasTensor(c.shape, c.dtype) for c in as_kv_cache(self_attention_cache)))
+            )
             cross = cross_attention_cache
             if self.cross_attention is not None and cross is None:
                 heads = self.num_key_value_heads or self.num_heads
                 source_length = encoder_sequence.shape[1]
                 kv_shape = (batch, heads, source_length, self.cross_attention.key_dim)
-                cross = tuple(keras.KerasTensor(kv_shape, self.compute_dtype) for _ in range(2))
-                cross += (keras.KerasTensor((batch, source_length), "bool"),)
-            outputs.append(cross)
+                cross = KVCache(
+                    keras.KerasTensor(kv_shape, self.compute_dtype),
+                    keras.KerasTensor(kv_shape, self.compute_dtype),
+                    keras.KerasTensor((batch, source_length), "bool"),
+                )
+            outputs.append(None if cross is None else as_kv_cache(cross))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)

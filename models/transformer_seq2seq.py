@@ -136,7 +136,8 @@ class TransformerDecodingSteps:
         return {
             "self": [b.self_attention.empty_cache(batch, max_length) for b in self.blocks],
             "cross": [
-                (*b.cross_attention.compute_cache(encoded), source_mask) for b in self.blocks
+                b.cross_attention.compute_cache(encoded, value_mask=source_mask)
+                for b in self.blocks
             ],
         }
 

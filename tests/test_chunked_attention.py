@@ -6,7 +6,7 @@ import pytest
 
 import keras_attn
 from keras_attn import ops
-from keras_attn.chunked import block_size_for, chunked_attention
+from keras_attn.kernels.chunked import block_size_for, chunked_attention
 from layer_checks import compiled, value_and_grads
 from numpy_reference import attend, causal, scaled_dot_scores
 
@@ -29,7 +29,7 @@ def dense(mask=None, is_causal=False):
 
 
 def chunked(mask=None, is_causal=False, block_size=16):
-    return lambda q, k, v: chunked_attention(q, k, v, mask, is_causal, block_size=block_size)
+    return lambda q, k, v: chunked_attention(q, k, v, mask, is_causal, block_size=block_size)[0]
 
 
 def assert_same(q, k, v, mask=None, is_causal=False, block_size=16, atol=1e-5):
@@ -51,7 +51,7 @@ def test_no_mask_equals_dense_values_and_gradients(block_size):
 def test_matches_numpy_reference():
     q, k, v = qkv()
     mask = rng.random((2, 1, 37, 45)) > 0.3
-    out = np_(chunked_attention(q, k, v, mask=mask, is_causal=True, block_size=8))
+    out = np_(chunked_attention(q, k, v, mask=mask, is_causal=True, block_size=8)[0])
     ref, _ = attend(scaled_dot_scores(np_(q), np_(k)), np_(v), mask & causal(37, 45))
     np.testing.assert_allclose(out, ref, atol=1e-5)
 
@@ -68,7 +68,7 @@ def test_key_padding_mask_general_mask_and_scale():
     assert_same(q, k, v, mask=keras.ops.convert_to_tensor(key_padding))
     general = rng.random((2, 3, 37, 45)) > 0.5
     assert_same(q, k, v, mask=keras.ops.convert_to_tensor(general), is_causal=True)
-    out = chunked_attention(q, k, v, mask=general.astype("int32"), scale=0.3, block_size=7)
+    out, _ = chunked_attention(q, k, v, mask=general.astype("int32"), scale=0.3, block_size=7)
     ref = ops.attention(q, k, v, mask=general, scale=0.3)[0]
     np.testing.assert_allclose(np_(out), np_(ref), atol=1e-5)
 
@@ -96,7 +96,7 @@ def test_large_scores_do_not_overflow():
 def test_low_precision_inputs_close_to_dense(policy_dtype):
     q, k, v = qkv(dtype=policy_dtype)
     mask = keras.ops.convert_to_tensor(rng.random((2, 1, 37, 45)) > 0.3)
-    out_c = chunked_attention(q, k, v, mask, is_causal=True, block_size=16)
+    out_c, _ = chunked_attention(q, k, v, mask, is_causal=True, block_size=16)
     out_d = ops.attention(q, k, v, mask=mask, is_causal=True)[0]
     assert out_c.dtype == policy_dtype
     np.testing.assert_allclose(np_(out_c), np_(out_d), atol=3e-2)
@@ -148,7 +148,7 @@ def test_no_query_by_key_tensor_in_the_graph():
     def step(q, k, v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
-            loss = tf.reduce_sum(chunked_attention(q, k, v, is_causal=True, block_size=32) ** 2)
+            loss = tf.reduce_sum(chunked_attention(q, k, v, is_causal=True, block_size=32)[0] ** 2)
         return tape.gradient(loss, [q, k, v])
 
     graph = step.get_concrete_function(q, k, v).graph
@@ -182,32 +182,49 @@ def test_argument_errors():
 
 
 def test_auto_threshold_counts_the_scores():
-    choose = ops.choose_implementation
-    assert choose("auto", (None, 8, None, 10**6), 0.0, False) == "dense"  # length unknown
-    assert choose("auto", (1, 8, 4096, 4096), 0.0, False) == "dense"  # 0.5 GiB of scores
+    def choose(implementation, shape, rate, training, weights=False):
+        return ops.choose_implementation(implementation, shape, rate, training, weights)
+
+    assert choose("auto", (None, 8, None, 10**6), 0.0, False) == "fused"  # length unknown
+    assert choose("auto", (1, 8, 4096, 4096), 0.0, False) == "fused"  # 0.5 GiB of scores
     assert choose("auto", (None, 8, 8192, 8192), 0.0, False) == "chunked"  # 2 GiB
     assert choose("auto", (4, 8, 4096, 4096), 0.0, False) == "chunked"
     assert choose("auto", (4, 8, 4096, 4096), 0.1, True) == "dense"  # dropout active
+    assert choose("auto", (4, 8, 4096, 4096), 0.0, False, weights=True) == "dense"
     assert choose("dense", (4, 8, 8192, 8192), 0.0, False) == "dense"
+    for name in ("fused", "chunked"):
+        assert choose(name, (1, 1, 4, 4), 0.1, False) == name  # dropout off in inference
+        with pytest.raises(ValueError, match="has no dropout"):
+            choose(name, (1, 1, 4, 4), 0.1, True)
+        with pytest.raises(ValueError, match="never forms the attention weights"):
+            choose(name, (1, 1, 4, 4), 0.0, False, weights=True)
 
 
 def test_ops_attention_implementation_argument(monkeypatch):
     q, k, v = qkv()
-    out, weights = ops.attention(q, k, v, is_causal=True, implementation="chunked")
+    out, weights = ops.attention(
+        q, k, v, is_causal=True, implementation="chunked", return_weights=False
+    )
     assert weights is None
     ref, ref_weights = ops.attention(q, k, v, is_causal=True)
     np.testing.assert_allclose(np_(out), np_(ref), atol=1e-5)
     assert ref_weights.shape == (2, 3, 37, 45)
-    # "auto": dense below the threshold, chunked from it, dense while dropout is active.
-    assert ops.attention(q, k, v, implementation="auto")[1] is not None
+    # "auto": fused below the threshold, chunked from it, dense with dropout or weights.
+    chosen = record_kernels(monkeypatch)
+    ops.attention(q, k, v, implementation="auto", return_weights=False)
     monkeypatch.setattr(ops, "CHUNKED_MIN_SCORES", 2 * 3 * 37 * 45)
-    assert ops.attention(q, k, v, implementation="auto")[1] is None
+    ops.attention(q, k, v, implementation="auto", return_weights=False)
+    assert ops.attention(q, k, v, implementation="auto")[1] is not None
     auto_dropout = ops.attention(
-        q, k, v, implementation="auto", dropout_rate=0.5, training=True, seed=1
-    )
-    assert auto_dropout[1] is not None
+        q, k, v, implementation="auto", dropout_rate=0.5, training=True, seed=1,
+        return_weights=False,
+    )  # fmt: skip
+    assert chosen == ["fused", "chunked", "dense", "dense"] and auto_dropout[1] is None
     with pytest.raises(ValueError, match="has no dropout"):
-        ops.attention(q, k, v, implementation="chunked", dropout_rate=0.1, training=True)
+        ops.attention(
+            q, k, v, implementation="chunked", dropout_rate=0.1, training=True,
+            return_weights=False,
+        )  # fmt: skip
     with pytest.raises(ValueError, match="`implementation` must be one of"):
         ops.attention(q, k, v, implementation="flash")
 
@@ -312,21 +329,32 @@ def test_mha_chunked_self_attention_single_query_and_mixed_precision():
     assert np.all(np.isfinite(out))
 
 
+def record_kernels(monkeypatch):
+    """The names of the kernels `ops.attention` runs, appended to a list as they run."""
+    chosen = []
+    for name, kernel in list(ops.KERNELS.items()):
+        monkeypatch.setitem(
+            ops.KERNELS, name, lambda *a, name=name, kernel=kernel: chosen.append(name) or kernel(*a)
+        )
+    return chosen
+
+
 def test_mha_auto_selection(monkeypatch):
     layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)
     assert layer.get_config()["implementation"] == "auto"
+    chosen = record_kernels(monkeypatch)
     monkeypatch.setattr(ops, "CHUNKED_MIN_SCORES", 1)
-    assert layer._implementation((2, 9, 9), False, False) == "chunked"
-    assert layer._implementation((2, 9, 9), False, True) == "dense"  # dropout in training
-    assert layer._implementation((2, 9, 9), True, False) == "dense"  # weights requested
-    _, weights = layer(X, X, return_attention_scores=True)
+    layer(X, X, training=False)
+    layer(X, X, training=True)  # dropout in training
+    _, weights = layer(X, X, return_attention_scores=True)  # weights requested
     assert weights.shape == (2, 2, 9, 9)
+    assert chosen == ["chunked", "dense", "dense"]
     monkeypatch.setattr(ops, "CHUNKED_MIN_SCORES", 10**9)
-    assert layer._implementation((2, 9, 9), False, False) == "dense"
+    layer(X, X)
     monkeypatch.setattr(ops, "CHUNKED_MIN_SCORES", 2 * 2 * 9 * 9)  # (B, h, Tq, Tv)
-    assert layer._implementation((2, 9, 9), False, False) == "chunked"
-    assert layer._implementation((1, 9, 9), False, False) == "dense"
-    assert layer._implementation((None, 9, 9), False, False) == "dense"
+    layer(X, X)
+    layer(X[:1], X[:1])
+    assert chosen[3:] == ["fused", "chunked", "fused"]
 
 
 def test_mha_chunked_cached_decoding_equals_full_pass():

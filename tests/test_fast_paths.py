@@ -7,8 +7,8 @@ import pytest
 import keras_attn
 import layer_checks
 from keras_attn import ops
-from keras_attn.chunked import chunked_attention
-from keras_attn.fused import MatmulEinsumDense, fused_attention
+from keras_attn.kernels import chunked_attention, fused_attention
+from keras_attn.matmul_einsum_dense import MatmulEinsumDense
 from layer_checks import check_fully_masked_rows
 from numpy_reference import attend, causal, scaled_dot_scores
 
@@ -37,7 +37,7 @@ def reference(mask=None, is_causal=False, scale=None):
 
 
 def fused(mask=None, is_causal=False, scale=None):
-    return lambda q, k, v: fused_attention(q, k, v, mask, is_causal, scale)
+    return lambda q, k, v: fused_attention(q, k, v, mask, is_causal, scale=scale)[0]
 
 
 # -- fused_attention -----------------------------------------------------------
@@ -61,10 +61,10 @@ def test_fused_matches_numpy_and_key_padding_mask():
     q, k, v = qkv()
     key_padding = np.ones((2, 1, 1, 9), bool)
     key_padding[1, ..., 4:] = False
-    out = np_(fused_attention(q, k, v, key_padding.astype("int32"), scale=0.5))
+    out = np_(fused_attention(q, k, v, key_padding.astype("int32"), scale=0.5)[0])
     ref, _ = attend(scaled_dot_scores(np_(q), np_(k), 0.5), np_(v), key_padding)
     np.testing.assert_allclose(out, ref, atol=1e-5)
-    out = np_(fused_attention(q, k, v, is_causal=True))
+    out = np_(fused_attention(q, k, v, is_causal=True)[0])
     ref, _ = attend(scaled_dot_scores(np_(q), np_(k)), np_(v), causal(7, 9))
     np.testing.assert_allclose(out, ref, atol=1e-5)
 
@@ -95,7 +95,7 @@ def test_fused_low_precision_gradients_as_close_to_float32_as_the_reference(dtyp
     exact = value_and_grads(reference(mask, True), q32, k32, v32, cotangent)
     low_ref = value_and_grads(reference(mask, True), q, k, v, cotangent)
     low_fused = value_and_grads(fused(mask, True), q, k, v, cotangent)
-    assert fused_attention(q, k, v).dtype == dtype
+    assert fused_attention(q, k, v)[0].dtype == dtype
     for e, r, f in zip([exact[0], *exact[1]], [low_ref[0], *low_ref[1]],
                        [low_fused[0], *low_fused[1]], strict=True):  # fmt: skip
         error_ref, error_fused = np.abs(r - e).max(), np.abs(f - e).max()
@@ -119,7 +119,7 @@ def test_ops_attention_return_weights_false():
 PATHS = {
     "dense": lambda mask: reference(mask),
     "fused": lambda mask: fused(mask),
-    "chunked": lambda mask: lambda q, k, v: chunked_attention(q, k, v, mask, block_size=4),
+    "chunked": lambda mask: lambda q, k, v: chunked_attention(q, k, v, mask, block_size=4)[0],
 }
 
 

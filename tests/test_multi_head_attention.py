@@ -193,7 +193,8 @@ def test_cached_decoding_equals_full_causal_pass(kv_heads, rotary, chunks):
         rotary_embedding=keras_attn.RotaryEmbedding() if rotary else None,
     )
     full = np_(layer(X, X, query_mask=X_MASK, value_mask=X_MASK, use_causal_mask=True))
-    stepped, (key_cache, value_cache) = decode_with_cache(layer, X, X_MASK, chunks)
+    stepped, cache = decode_with_cache(layer, X, X_MASK, chunks)
+    key_cache, value_cache = cache.key, cache.value
     np.testing.assert_allclose(stepped, full, atol=1e-5)
     # The cache holds the g key/value heads, not h copies.
     assert key_cache.shape == (2, kv_heads or 4, 7, 4) and value_cache.shape == key_cache.shape
@@ -229,7 +230,7 @@ def test_cross_attention_cache_equals_uncached():
     full = layer(Q, V, query_mask=Q_MASK, value_mask=V_MASK)
     out, cache = layer(Q, cache=layer.compute_cache(V), query_mask=Q_MASK, value_mask=V_MASK)
     np.testing.assert_allclose(np_(out), np_(full), atol=1e-6)
-    assert cache[0].shape == (2, 1, 5, 4)
+    assert cache.key.shape == (2, 1, 5, 4)
 
 
 def test_cached_call_under_jit_and_in_a_functional_model():
@@ -247,9 +248,12 @@ def test_cached_call_under_jit_and_in_a_functional_model():
     np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
 
     token = keras.Input((1, 12))
-    caches = (keras.Input((2, 7, 4)), keras.Input((2, 7, 4)))
+    caches = keras_attn.KVCache(
+        keras.Input((2, 7, 4)), keras.Input((2, 7, 4)), keras.Input((7,), dtype="bool")
+    )
     out, new_cache = layer(token, token, use_causal_mask=True, cache=caches, cache_update_index=2)
-    assert tuple(out.shape) == (None, 1, 12) and tuple(new_cache[0].shape) == (None, 2, 7, 4)
+    assert tuple(out.shape) == (None, 1, 12) and tuple(new_cache.key.shape) == (None, 2, 7, 4)
+    assert tuple(new_cache.valid.shape) == (None, 7)
 
 
 def test_cache_errors():
@@ -258,7 +262,7 @@ def test_cache_errors():
         layer.compute_cache(V)
     layer(X, X)
     cache = layer.empty_cache(2, 7)
-    with pytest.raises(TypeError, match="`cache` must be a pair"):
+    with pytest.raises(TypeError, match="`cache` must be a keras_attn.KVCache"):
         layer(X, X, cache=cache[0], cache_update_index=0)
     with pytest.raises(ValueError, match="pass no `value`"):
         layer(X, X, cache=cache)

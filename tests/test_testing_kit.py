@@ -600,9 +600,11 @@ def test_padding_invariance_catches_attention_to_padding():
 
 
 def test_padding_invariance_catches_a_nan_leak():
-    class PlainCombine(ka.DotAttention):  # the combine step before the NaN guard
-        def combine(self, weights, value):
-            return keras.ops.matmul(weights, value)
+    class PlainCombine(keras.layers.Layer):  # a weighted sum without the NaN guard
+        def call(self, query, value, value_mask=None):
+            scores = keras.ops.matmul(query, keras.ops.swapaxes(value, 1, 2))
+            weights = ka.ops.masked_softmax(scores, value_mask[:, None, :])
+            return keras.ops.matmul(weights, value)  # 0 * NaN at a masked key
 
     padding = {"value": "value_mask"}
     testing.assert_padding_invariance(ka.DotAttention(), FEED, padding, nonfinite=True)

@@ -17,12 +17,14 @@ recomputes `p = exp(s - lse)` and forms `dV_j = p^T dO`,
 `q, k, v`, the output and `lse` are saved, so memory is `O(B h Tq (d + Bk))`
 instead of `O(B h Tq Tv)`.
 
-Masking happens per block: a boolean mask broadcastable to `(..., Tq, Tv)`
-is sliced along its key axis (a key-padding mask `(..., 1, Tv)` stays
-`O(Tv)`; a full mask is only as large as the caller made it), and the causal
-mask is computed from the block's positions. A row with no visible key gives
-a zero output and zero gradients, never NaN. A NaN or inf key or value at a
-masked position changes nothing (`keras_attn.finite`).
+Masking happens per block, with the mask functions of `keras_attn.masks`: a
+boolean mask broadcastable to `(..., Tq, Tv)` is sliced along its key axis (a
+key-padding mask `(..., 1, Tv)` stays `O(Tv)`; a full mask is only as large as
+the caller made it), the causal mask is `causal_mask(..., key_start=)` of the
+block's positions, and the masked scores of a block are replaced
+(`fill_masked`) before its maximum and exp. A row with no visible key gives a
+zero output and zero gradients, never NaN. A NaN or inf key or value at a
+masked position changes nothing (`keras_attn.kernels.finite`).
 """
 
 import math
@@ -30,43 +32,31 @@ import math
 import keras
 from keras import ops
 
-from keras_attn import finite
+from keras_attn import masks
+from keras_attn.kernels import finite
+from keras_attn.kernels._shapes import check_qkv, default_scale, dims, swap_last
 
-# Bias added to masked scores (an add costs half a `where` on a score tile).
-# Softmax runs in float32; exp(s + _FILL - m) is exactly 0 for any running
-# maximum m >= _M_INIT and any score |s| < 1e20, so a masked key adds nothing.
-_FILL = -1e30
-# Start of the running maximum: far below any real score, far above _FILL. A
-# row that has seen only masked keys keeps m = _M_INIT and l = 0.
+# Start of the running maximum: far below any real score, far above the fill of
+# masked scores (`keras_attn.masks.FILL`), so exp(FILL - m) is exactly 0. A row
+# that has seen only masked keys keeps m = _M_INIT and l = 0.
 _M_INIT = -1e20
 # Default number of float32 elements in one (..., Tq, Bk) tile: 64 MiB.
 TILE_ELEMENTS = 2**24
 
 
-def _swap_last(x):
-    rank = len(x.shape)
-    return ops.transpose(x, list(range(rank - 2)) + [rank - 1, rank - 2])
-
-
-def _dims(x):
-    """Static dimensions where known, scalar tensors elsewhere."""
-    static = tuple(x.shape)
-    dynamic = ops.shape(x)
-    return [s if s is not None else d for s, d in zip(static, dynamic, strict=True)]
-
-
 def _slice_axis(x, axis, start, size):
     """`x[..., start:start + size, ...]` along `axis` (negative), `start` may be a tensor."""
-    dims = _dims(x)
-    axis = len(dims) + axis
-    starts = [0] * len(dims)
+    shape = dims(x)
+    axis = len(shape) + axis
+    starts = [0] * len(shape)
     starts[axis] = start
-    dims[axis] = size
-    return ops.slice(x, starts, dims)
+    shape[axis] = size
+    return ops.slice(x, starts, shape)
 
 
 def _pad_axis(x, axis, amount, value=0):
-    if amount == 0:
+    """Pads `amount` (an int or a scalar tensor) entries of `value` at the end of `axis`."""
+    if isinstance(amount, int) and amount == 0:
         return x
     widths = [[0, 0] for _ in x.shape]
     widths[axis] = [0, amount]
@@ -87,40 +77,50 @@ def block_size_for(query, value_length, tile_elements=TILE_ELEMENTS):
     return block
 
 
-def chunked_attention(query, key, value, mask=None, is_causal=False, scale=None, block_size=None):
+def chunked_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    is_causal=False,
+    query_start=None,
+    scale=None,
+    dropout=None,
+    block_size=None,
+):
     """Scaled dot-product attention in key blocks with an online softmax.
 
-    Equal to `keras_attn.ops.attention(...)[0]` (float32: to ~1e-6) but the
-    `(Tq, Tv)` weights are never materialised, in the forward or the
-    backward pass. There is no dropout and no weights output.
+    Equal to `keras_attn.kernels.dense_attention(...)[0]` (float32: to ~1e-6)
+    but the `(Tq, Tv)` weights are never materialised, in the forward or the
+    backward pass, eager or traced. There is no dropout and no weights output.
 
     `output_i = sum_j softmax_j(q_i . k_j * scale) v_j` over the visible keys.
 
     Args:
-        query: `(..., Tq, dk)`.
-        key: `(..., Tv, dk)`, with the same leading axes as `query`.
-        value: `(..., Tv, dv)`, with the same leading axes.
-        mask: boolean, broadcastable to `(..., Tq, Tv)`, `True` = attend.
-            Pass a key-padding mask as `(..., 1, Tv)` to keep memory `O(Tv)`.
-        is_causal: query `i` sees keys `j <= i + Tv - Tq` (end-aligned, as
-            `keras_attn.ops.causal_mask`); computed per block.
-        scale: score multiplier; `None` means `1 / sqrt(dk)`.
+        query, key, value, is_causal, query_start, scale: as
+            `keras_attn.kernels.dense_attention` (the kernel signature); the
+            causal mask is computed per block of keys.
+        mask: boolean, broadcastable to `(..., Tq, Tv)`, `True` = attend,
+            sliced per block along its key axis: pass a key-padding mask as
+            `(..., 1, Tv)` to keep memory `O(Tv)`.
+        dropout: must be `None` (this kernel has no dropout).
         block_size: keys per block `Bk`; `None` picks one so that a float32
             `(..., Tq, Bk)` tile holds about `TILE_ELEMENTS` values.
 
     Returns:
-        `(..., Tq, dv)` in the dtype of `value`; rows with no visible key are
-        zero. Scores, softmax and accumulators run in float32 whatever the
-        input dtype; `Q K^T`, `dQ`, `dK` and `dV` are matmuls in the input
-        dtype (bf16 on AMX under `mixed_bfloat16`), `P V` and `dP` in
-        float32 (so that the gradients under bf16 are as close to float32
-        as the dense path's).
+        `(output, None)`: `(..., Tq, dv)` in the dtype of `value`; rows with
+        no visible key are zero. Scores, softmax and accumulators run in
+        float32 whatever the input dtype; `Q K^T`, `dQ`, `dK` and `dV` are
+        matmuls in the input dtype (bf16 on AMX under `mixed_bfloat16`),
+        `P V` and `dP` in float32 (so that the gradients under bf16 are as
+        close to float32 as the dense kernel's).
 
     Example:
 
+    >>> from keras_attn import kernels
     >>> q = keras.random.normal((1, 2, 300, 16))
-    >>> out = keras_attn.chunked.chunked_attention(q, q, q, is_causal=True, block_size=64)
-    >>> ref, _ = keras_attn.ops.attention(q, q, q, is_causal=True)
+    >>> out, _ = kernels.chunked_attention(q, q, q, is_causal=True, block_size=64)
+    >>> ref, _ = kernels.dense_attention(q, q, q, is_causal=True)
     >>> print(out.shape, bool(keras.ops.max(keras.ops.abs(out - ref)) < 1e-5))
     (1, 2, 300, 16) True
 
@@ -131,82 +131,47 @@ def chunked_attention(query, key, value, mask=None, is_causal=False, scale=None,
         https://arxiv.org/abs/2112.05682; Dao et al., 2022, "FlashAttention",
         https://arxiv.org/abs/2205.14135
     """
-    for name, x in (("key", key), ("value", value)):
-        if len(x.shape) != len(query.shape) or any(
-            a is not None and b is not None and a != b
-            for a, b in zip(query.shape[:-2], x.shape[:-2], strict=True)
-        ):
-            raise ValueError(
-                f"`query` and `{name}` must have the same leading axes for chunked attention. "
-                f"Received: query.shape={tuple(query.shape)}, {name}.shape={tuple(x.shape)}"
-            )
-    if query.shape[-1] is not None and key.shape[-1] is not None:
-        if query.shape[-1] != key.shape[-1]:
-            raise ValueError(
-                "The last axis of `query` and `key` must match. Received: "
-                f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"
-            )
-    if scale is None:
-        if query.shape[-1] is None:
-            raise ValueError(
-                "The last axis of `query` must be known to compute the default scale. "
-                f"Received: query.shape={tuple(query.shape)}"
-            )
-        scale = 1.0 / math.sqrt(query.shape[-1])
-    query_length, value_length = _dims(query)[-2], _dims(key)[-2]
+    if dropout is not None:
+        raise ValueError("The chunked kernel has no dropout: use `dense_attention`.")
+    check_qkv(query, key, value)
+    scale = default_scale(query, scale)
+    query_length, value_length = dims(query)[-2], dims(key)[-2]
     static_length = key.shape[-2] if isinstance(key.shape[-2], int) else None
+    if query_start is None:
+        query_start = value_length - query_length
     # Non-finite keys and values zeroed and flagged: a NaN at a masked position
-    # then reaches no block's sum (keras_attn.finite).
+    # then reaches no block's sum (keras_attn.kernels.finite).
     value, key, flag = finite.zero_nonfinite(value, key)  # flag: (..., Tv, 1)
     block = int(block_size or block_size_for(query, static_length))
     if block <= 0:
         raise ValueError(f"`block_size` must be positive. Received: block_size={block_size}")
-    if static_length is not None:
-        num_blocks = -(-static_length // block)
-        pad = num_blocks * block - static_length
-        key, value, flag = (_pad_axis(x, -2, pad) for x in (key, value, flag))
-        tail = pad > 0
-    else:  # unknown length: pad by a traced amount, always mask the tail
-        num_blocks = (value_length + block - 1) // block
-        pad = num_blocks * block - value_length
-        widths = [[0, 0]] * (len(key.shape) - 2) + [[0, pad], [0, 0]]
-        key, value, flag = (ops.pad(x, widths) for x in (key, value, flag))
-        tail = True
-    if mask is not None:
-        mask = ops.cast(mask, "bool") if mask.dtype != "bool" else mask
-        if mask.shape[-1] != 1:
-            if static_length is not None:
-                mask = _pad_axis(mask, -1, pad, False)
-            else:
-                widths = [[0, 0]] * (len(mask.shape) - 1) + [[0, pad]]
-                mask = ops.pad(mask, widths, constant_values=False)
+    num_blocks = -(-value_length // block)  # an int, or a scalar tensor for an unknown length
+    pad = num_blocks * block - value_length
+    key, value, flag = (_pad_axis(x, -2, pad) for x in (key, value, flag))
+    tail = not isinstance(pad, int) or pad > 0  # padded keys past the end to hide
+    mask = masks.as_bool_mask(mask)
+    if mask is not None and mask.shape[-1] != 1:
+        mask = _pad_axis(mask, -1, pad, False)
 
     def visible(j):
         """Boolean visibility of block `j`, broadcastable to `(..., Tq, Bk)`, or `None`."""
-        positions = j * block + ops.arange(block, dtype="int32")  # (Bk,)
+        first = j * block
         parts = []
         if mask is not None:
-            parts.append(mask if mask.shape[-1] == 1 else _slice_axis(mask, -1, j * block, block))
+            parts.append(mask if mask.shape[-1] == 1 else _slice_axis(mask, -1, first, block))
         if is_causal:
-            rows = ops.arange(query_length, dtype="int32") + (value_length - query_length)
-            parts.append(ops.expand_dims(rows, 1) >= ops.expand_dims(positions, 0))
-        elif tail:  # causal already hides the padded keys: they lie past every row
-            parts.append(positions < value_length)
-        out = None
-        for part in parts:
-            out = part if out is None else ops.logical_and(out, part)
-        return out
+            parts.append(masks.causal_mask(query_length, block, query_start, key_start=first))
+        if tail:
+            parts.append(first + ops.arange(block, dtype="int32") < value_length)
+        return masks.merge_masks(*parts)
 
     q = query * ops.cast(scale, query.dtype)  # scaling Tq * dk values, not Tq * Tv
-    return _attend(q, key, value, flag, visible, block, num_blocks)
+    return _attend(q, key, value, flag, visible, block, num_blocks), None
 
 
 def _scores(q, k_block, visible):
-    s = ops.cast(ops.matmul(q, _swap_last(k_block)), "float32")  # (..., Tq, Bk)
-    if visible is None:
-        return s
-    # The bias has the mask's shape (no head axis, often no query axis): cheap.
-    return s + ops.where(visible, 0.0, _FILL)
+    """The float32 `(..., Tq, Bk)` scores of one block, the masked ones replaced."""
+    return masks.fill_masked(ops.matmul(q, swap_last(k_block)), visible)
 
 
 def _fori_loop(num_blocks, body, init):
@@ -232,7 +197,11 @@ def _fori_loop(num_blocks, body, init):
 def _attend(q, k, v, flag, visible, block, num_blocks):
     @ops.custom_gradient
     def attend(q, k, v):
-        out, lse, seen = _forward(q, k, v, flag, visible, block, num_blocks)  # out: float32
+        # The forward pass on stopped inputs: an eager GradientTape would
+        # otherwise record every block's ops and keep their (Tq, Bk) tiles
+        # alive (O(Tq Tv) memory, measured: 4.5 GiB instead of 1.0 at L=8192).
+        stopped = (ops.stop_gradient(x) for x in (q, k, v))
+        out, lse, seen = _forward(*stopped, flag, visible, block, num_blocks)  # out: float32
 
         def grad(*args, upstream=None):
             upstream = args[0] if upstream is None else upstream
@@ -246,7 +215,7 @@ def _attend(q, k, v, flag, visible, block, num_blocks):
 
 
 def _forward(q, k, v, flag, visible, block, num_blocks):
-    rows = _dims(q)[:-1]  # (..., Tq)
+    rows = dims(q)[:-1]  # (..., Tq)
     m = ops.full(rows + [1], _M_INIT, "float32")
     l = ops.zeros(rows + [1], "float32")  # noqa: E741 (the paper's name)
     acc = ops.zeros(rows + [v.shape[-1]], "float32")
@@ -279,7 +248,7 @@ def _forward(q, k, v, flag, visible, block, num_blocks):
     # Kept in float32 for the backward pass: rowsum(dO * O) from an output
     # rounded to bfloat16 would not cancel against rowsum(P * dP).
     out = acc / safe_l
-    # A row that saw nothing gets lse = 0: every recomputed p = exp(_FILL - 0) = 0.
+    # A row that saw nothing gets lse = 0: every recomputed p = exp(FILL - 0) = 0.
     lse = ops.where(any_key, m + ops.log(safe_l), 0.0)
     return out, lse, seen
 
@@ -293,20 +262,20 @@ def _backward(q, k, v, out, lse, d_out, visible, block, num_blocks):
     # ~0.4 % of dP, not small against dP - delta (measured: 3x the dense
     # path's gradient error under mixed_bfloat16; with float32 P V and dP, equal).
     v32 = ops.cast(v, "float32")
-    dq = ops.zeros(_dims(q), "float32")
-    dk = ops.zeros(_dims(k), k.dtype)
-    dv = ops.zeros(_dims(v), v.dtype)
+    dq = ops.zeros(dims(q), "float32")
+    dk = ops.zeros(dims(k), k.dtype)
+    dv = ops.zeros(dims(v), v.dtype)
     zeros = [0] * (len(k.shape) - 2)
 
     def step(j, carry):
         dq, dk, dv = carry
         k_j = _slice_axis(k, -2, j * block, block)  # (..., Bk, dk)
         p = ops.exp(_scores(q, k_j, visible(j)) - lse)  # (..., Tq, Bk); 0 where masked
-        dv_j = ops.matmul(_swap_last(ops.cast(p, v.dtype)), d_out)
-        dp = ops.matmul(d_out32, _swap_last(_slice_axis(v32, -2, j * block, block)))
+        dv_j = ops.matmul(swap_last(ops.cast(p, v.dtype)), d_out)
+        dp = ops.matmul(d_out32, swap_last(_slice_axis(v32, -2, j * block, block)))
         ds = ops.cast(p * (dp - delta), q.dtype)
         dq = dq + ops.cast(ops.matmul(ds, k_j), "float32")
-        dk_j = ops.matmul(_swap_last(ds), q)
+        dk_j = ops.matmul(swap_last(ds), q)
         start = zeros + [j * block, 0]
         dk = ops.slice_update(dk, start, ops.cast(dk_j, dk.dtype))
         dv = ops.slice_update(dv, start, ops.cast(dv_j, dv.dtype))

@@ -3,8 +3,8 @@
 A masked key gets exactly zero weight, but a weighted sum is a matmul and
 `0 * nan = nan`: a NaN or inf value at a padded (or future) position would
 reach every output row. Every attention path (`keras_attn.ops.weighted_sum`,
-the dense, fused and chunked paths of `keras_attn.ops.attention`) guards its
-combine in the same two steps:
+the combine of the score layers; the dense, fused and chunked kernels) guards
+its combine in the same two steps:
 
 1. `zero_nonfinite`: the key and value rows holding a NaN or inf are zeroed
    (`O(Tv d)`, forward only: the gradient passes straight through), and a
@@ -21,10 +21,9 @@ combine in the same two steps:
 
 So a NaN or inf at a masked position never reaches an output, and one at a
 visible position makes the rows that see it NaN (all their channels), as a
-plain matmul would. `keras_attn.ops.attention` zeroes the non-finite keys
-too, so a masked NaN key is in no gradient either (`dQ = dS K` would compute
-`0 * nan`); `weighted_sum` alone, the combine of the score layers, guards
-the values.
+plain matmul would. The kernels and `keras_attn.ScoreAttention` zero the
+non-finite keys too, so a masked NaN key is in no gradient either
+(`dQ = dS K` would compute `0 * nan`).
 
 (Appending the flag to the values as one more channel would fold step 2
 into the weighted sum, but an odd width such as 65 makes TensorFlow's batched
@@ -91,3 +90,20 @@ def nan_where_seen(output, weights, flag):
 
     # The product is a pass over the (Tq, Tv) weights: only when a position is flagged.
     return ops.cond(ops.any(flag > 0), mark, lambda: output)
+
+
+def nan_scores_where_flagged(scores, flag):
+    """`scores (..., Tq, Tv)` with NaN at the flagged keys (`flag (..., Tv, 1)`).
+
+    For pipelines that score zeroed keys with a layer of their own
+    (`keras_attn.ScoreAttention`): a non-finite key or value at a visible
+    position then gives a NaN score, so its rows are NaN whatever the
+    normalization does with it (softmax, hard selection, a pointer), and at a
+    masked position the mask replaces it. Only when something is flagged.
+    """
+
+    def mark():
+        flagged = ops.swapaxes(flag, -1, -2) > 0  # (..., 1, Tv)
+        return ops.where(flagged, ops.cast(float("nan"), scores.dtype), scores)
+
+    return ops.cond(ops.any(flag > 0), mark, lambda: scores)

@@ -1,0 +1,153 @@
+"""The key/value cache of `MultiHeadAttention`: keys, values, and which positions are valid keys.
+
+A cached decoding step attends over keys and values kept from earlier steps.
+The cache remembers, per position, whether it holds a real key: positions not
+written yet, and padded tokens of a prompt (a left-padded prefill), stay
+invalid, so step-by-step decoding sees exactly the keys a full pass would.
+"""
+
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+from keras import ops
+
+
+class KVCache(NamedTuple):
+    """Keys and values of multi-head attention, and which of their positions are valid.
+
+    A `NamedTuple`, so it passes through `tf.function`, `jax.jit`, Keras
+    layers and `tf.while_loop`s as a plain nest of three tensors.
+
+    Args:
+        key: `(B, g, S, key_dim)`: the keys, heads first (rotated, when the
+            layer has a rotary embedding).
+        value: `(B, g, S, value_dim)`.
+        valid: bool `(B, S)`: `True` where the position holds a real key.
+
+    Made by `MultiHeadAttention.empty_cache` (self-attention: nothing valid
+    yet) or `MultiHeadAttention.compute_cache` (cross-attention: the source,
+    valid where its padding mask is), and returned, updated, by every cached
+    call.
+
+    Returns:
+        The tuple `(key, value, valid)`, with the fields by name.
+
+    Example:
+
+    >>> mha = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    >>> x = keras.random.normal((1, 3, 8))
+    >>> _ = mha(x, x)
+    >>> cache = mha.empty_cache(batch_size=1, length=3)
+    >>> y, cache = mha(x[:, :1], x[:, :1], use_causal_mask=True, cache=cache, cache_update_index=0)
+    >>> print(cache.key.shape, keras.ops.convert_to_numpy(cache.valid).tolist())
+    (1, 2, 3, 4) [[True, False, False]]
+    """
+
+    key: Any
+    value: Any
+    valid: Any
+
+    @property
+    def length(self):
+        """`S`, the number of positions (static, or `None` if unknown)."""
+        return self.key.shape[2]
+
+
+def as_kv_cache(cache):
+    """`cache` as a `KVCache`; a plain 3-tuple `(key, value, valid)` is accepted.
+
+    Raises:
+        TypeError: anything else (e.g. a `(key, value)` pair: a cache must say
+            which positions are valid).
+    """
+    if isinstance(cache, KVCache):
+        return cache
+    if isinstance(cache, (tuple, list)) and len(cache) == 3:
+        return KVCache(*cache)
+    raise TypeError(
+        "`cache` must be a keras_attn.KVCache(key, value, valid), from `empty_cache` or "
+        f"`compute_cache`. Received: cache of type {type(cache).__name__}"
+        + (f" with {len(cache)} items" if isinstance(cache, (tuple, list)) else "")
+    )
+
+
+def write(cache, index, key, value, valid=None):
+    """The cache with `key`, `value` (`(B, g, Tq, d)`) written at positions `index, index + 1, ...`.
+
+    Args:
+        cache: a `KVCache`.
+        index: int or scalar integer tensor, the position of the first new token.
+        key, value: the new keys and values, heads first.
+        valid: bool `(B, Tq)`, which new tokens are real (padding is not), or
+            `None` (all real).
+
+    Returns:
+        `(cache, in_range)`: the updated `KVCache`, and `None` or, for a tensor
+        `index`, a scalar bool tensor: whether the new tokens fit (see
+        `check_index`).
+    """
+    query_length = ops.shape(key)[2]
+    in_range = check_index(index, query_length, ops.shape(cache.key)[2])
+    zero = ops.zeros((), "int32")
+    index = ops.cast(index, "int32")
+    start = (zero, zero, index, zero)
+    if valid is None:
+        valid = ops.ones((ops.shape(key)[0], query_length), "bool")
+    # slice_update of a bool tensor is not supported on every backend: as int32.
+    new_valid = ops.slice_update(
+        ops.cast(cache.valid, "int32"), (zero, index), ops.cast(valid, "int32")
+    )
+    updated = KVCache(
+        ops.slice_update(cache.key, start, ops.cast(key, cache.key.dtype)),
+        ops.slice_update(cache.value, start, ops.cast(value, cache.value.dtype)),
+        ops.cast(new_valid, "bool"),
+    )
+    return updated, in_range
+
+
+def check_index(index, query_length, cache_length):
+    """`index + Tq <= S` and `index >= 0`: the new tokens must fit in the cache.
+
+    `slice_update` would clamp an index past the end (writing the new keys
+    over earlier ones, silently). A Python or NumPy int raises `ValueError`
+    here. A tensor index is checked when the step runs: on TensorFlow an
+    assertion fails (eagerly and in a `tf.function`), and on every backend the
+    returned flag turns the step's output into NaN (under `jax.jit` or XLA no
+    error can be raised).
+
+    Args:
+        index: the `cache_update_index`.
+        query_length, cache_length: `Tq` and `S`, ints where static.
+
+    Returns:
+        `None` for an int index, else a scalar bool tensor, `True` when it fits.
+    """
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+        if not hasattr(index, "dtype") or not keras.backend.is_int_dtype(
+            keras.backend.standardize_dtype(index.dtype)
+        ):
+            raise TypeError(
+                "`cache_update_index` must be an int or a scalar integer tensor. "
+                f"Received: cache_update_index={index!r}"
+            )
+        index = ops.cast(index, "int32")
+        in_range = ops.logical_and(index >= 0, index + query_length <= cache_length)
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            tf.debugging.Assert(
+                in_range,
+                ["`cache_update_index + Tq` must be <= the cache length; index:", index],
+            )
+        return in_range
+    # Lengths unknown at trace time (None, or symbolic in a JAX export) are not checked.
+    fits = not isinstance(query_length, int) or not isinstance(cache_length, int)
+    fits = fits or int(index) + query_length <= cache_length
+    if index < 0 or not fits:
+        raise ValueError(
+            "`cache_update_index` must be >= 0, with `cache_update_index + Tq` <= the cache "
+            f"length, so that the new tokens fit in the cache. Received: "
+            f"cache_update_index={index}, Tq={query_length}, cache length={cache_length}"
+        )
+    return None

@@ -1,0 +1,102 @@
+"""The fused dense kernel: the weights materialised once, a written-out gradient.
+
+`fused_attention` computes the same `softmax(q k^T * scale) v` as
+`keras_attn.kernels.dense_attention`, for calls that need neither the
+weights nor dropout, in fewer passes over the `(..., Tq, Tv)` scores:
+
+- the masked scores are replaced once (`keras_attn.masks.fill_masked`, a
+  `where` on the mask's own shape, usually `(B, 1, 1, Tv)`), and the backward
+  pass needs no `where` at all (a masked score's weight is exactly 0, and so
+  is its gradient); rows that see no key are zeroed on the `(..., Tq, dv)`
+  output instead of the weights;
+- the backward pass is written out: `dV = P^T dO`, `dP = dO V^T`,
+  `dS = P * (dP - delta)`, `dQ = dS K`, `dK = dS^T Q` with, in float32,
+  `delta = rowsum(dO * O)` (a `(Tq, dv)` pass instead of the softmax
+  gradient's `rowsum(dP * P)` over `(Tq, Tv)`).
+
+Under mixed precision the matmuls run in the input dtype (bf16 on AMX) and
+the softmax in float32, as in the dense kernel; `delta` is then taken as
+`rowsum(dP * P)` so that it cancels exactly against the rounded `dP`.
+"""
+
+from keras import ops
+
+from keras_attn import masks
+from keras_attn.kernels import finite
+from keras_attn.kernels._shapes import default_scale, swap_last
+from keras_attn.kernels.dense import softmax
+
+
+def fused_attention(
+    query, key, value, mask=None, is_causal=False, query_start=None, scale=None, dropout=None
+):
+    """`dense_attention(...)[0]` without dropout or weights, with a custom gradient.
+
+    Args:
+        query, key, value, mask, is_causal, query_start, scale: as
+            `keras_attn.kernels.dense_attention` (the kernel signature).
+        dropout: must be `None` (this kernel has no dropout).
+
+    Returns:
+        `(output, None)`: `(..., Tq, dv)` in the dtype of `value`; rows with
+        no visible key are zero, with zero (finite) gradients. A NaN or inf
+        key or value at a masked position changes nothing; at a visible one,
+        the rows that see it are NaN (`keras_attn.kernels.finite`).
+
+    Example:
+
+    >>> from keras_attn import kernels
+    >>> q = keras.random.normal((2, 3, 5, 8))
+    >>> out, _ = kernels.fused_attention(q, q, q, is_causal=True)
+    >>> ref, _ = kernels.dense_attention(q, q, q, is_causal=True)
+    >>> print(out.shape, bool(keras.ops.max(keras.ops.abs(out - ref)) < 1e-5))
+    (2, 3, 5, 8) True
+
+    Reference:
+        Vaswani et al., 2017, "Attention Is All You Need",
+        https://arxiv.org/abs/1706.03762; the backward pass as in Dao et al.,
+        2022, "FlashAttention", https://arxiv.org/abs/2205.14135
+    """
+    if dropout is not None:
+        raise ValueError("The fused kernel has no dropout: use `dense_attention`.")
+    if is_causal:
+        causal = masks.causal_mask(ops.shape(query)[-2], ops.shape(key)[-2], query_start)
+        mask = masks.merge_masks(mask, causal)
+    mask = masks.as_bool_mask(mask)
+    q = query * ops.cast(default_scale(query, scale), query.dtype)  # Tq * dk values, not Tq * Tv
+    value, key, flag = finite.zero_nonfinite(value, key)
+    out = _attend(q, key, value, mask, flag)
+    if mask is not None:
+        out = ops.where(masks.visible_rows(mask), out, ops.zeros_like(out))
+    return out, None
+
+
+def _attend(q, k, v, mask, flag):
+    @ops.custom_gradient
+    def attend(q, k, v):
+        # The forward pass on stopped inputs: an eager GradientTape would
+        # otherwise record (and keep alive) every op in it, next to the
+        # custom gradient that replaces them.
+        q_, k_, v_ = (ops.stop_gradient(x) for x in (q, k, v))
+        probs = softmax(masks.fill_masked(ops.matmul(q_, swap_last(k_)), mask), axis=-1)
+        probs_low = ops.cast(probs, v.dtype)
+        out = ops.matmul(probs_low, v_)
+        # NaN on the rows that see a non-finite key or value (forward only: the
+        # backward pass runs on the zeroed ones).
+        seen_out = finite.nan_where_seen(out, probs_low, flag)
+
+        def grad(*args, upstream=None):
+            d_out = args[0] if upstream is None else upstream
+            d_out = ops.cast(d_out, v.dtype)
+            d_v = ops.matmul(swap_last(probs_low), d_out)
+            d_probs = ops.cast(ops.matmul(d_out, swap_last(v_)), "float32")
+            if v.dtype == "float32":
+                delta = ops.sum(d_out * out, axis=-1, keepdims=True)  # (..., Tq, 1)
+            else:  # rounded dP: subtract its own weighted mean, as the softmax gradient does
+                delta = ops.sum(d_probs * probs, axis=-1, keepdims=True)
+            d_scores = ops.cast(probs * (d_probs - delta), q.dtype)
+            return ops.matmul(d_scores, k_), ops.matmul(swap_last(d_scores), q_), d_v
+
+        return seen_out, grad
+
+    return attend(q, k, v)
