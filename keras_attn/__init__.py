@@ -46,3 +46,13 @@ __all__ = [
     "ops",
     "scores",
 ]
+
+
+def __getattr__(name):
+    # `keras_attn.testing` (the property checks) loads on first use: it is not
+    # needed to build or run a model, and imports more of the backend.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module("keras_attn.testing")
+    raise AttributeError(f"module 'keras_attn' has no attribute {name!r}")

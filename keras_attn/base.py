@@ -54,9 +54,7 @@ def check_input_shapes(query_shape, value_shape, key_shape=None):
     return tuple(query_shape), tuple(key_shape)
 
 
-def prepare_query(
-    query, value, query_mask, value_mask, attention_mask, key=None, value_shape=None
-):
+def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None, value_shape=None):
     """The checks every attention layer's `call` starts with, and the rank-2 query.
 
     The inputs must be floating point. A rank-2 query `(B, dq)` becomes

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops as kops
 
-from keras_attn import ops
+from keras_attn import ops as attn_ops
 from keras_attn.arguments import check_positive_number
 from keras_attn.base import ScoreAttention
 
@@ -78,14 +78,14 @@ class HardAttention(ScoreAttention):
                 kops.shape(logits), minval=_TINY, maxval=1.0, seed=self.seed_generator
             )
             gumbel = -kops.log(-kops.log(uniform))
-            soft = ops.masked_softmax((logits + gumbel) / self.temperature, mask)
+            soft = attn_ops.masked_softmax((logits + gumbel) / self.temperature, mask)
         else:
-            soft = ops.masked_softmax(logits, mask)
+            soft = attn_ops.masked_softmax(logits, mask)
         # softmax is monotone and gives masked keys 0, so the argmax of a row
         # with a visible key is a visible key; rows with none get zeros.
         hard = kops.one_hot(kops.argmax(soft, axis=-1), kops.shape(soft)[-1])
         if mask is not None:
-            hard = hard * kops.cast(ops.visible_rows(mask), hard.dtype)
+            hard = hard * kops.cast(attn_ops.visible_rows(mask), hard.dtype)
         # argmax would pick some position of a row with a NaN score: keep the NaN.
         hard = kops.where(kops.any(kops.isnan(soft), axis=-1, keepdims=True), soft, hard)
         if training:

@@ -8,6 +8,7 @@ functions and build no mask of their own:
   ragged and other non-tensor masks refused with the argument's name);
 - `causal_mask`: the one causal mask, for a whole `(Tq, Tv)` score matrix or
   for one block of keys (`key_start`), end-aligned or from a cache index;
+- `positions_below`: the keys of a block that exist (a kernel's padding);
 - `fill_masked`: the one fill, replacing masked scores (whatever they hold:
   huge, inf, NaN) before any max or exp;
 - `compute_attention_mask`, `attention_heads_mask`: query, value, explicit
@@ -42,7 +43,7 @@ def fill_masked(scores, mask):
 
 
 def causal_mask(query_length, value_length=None, query_start=None, key_start=0):
-    """Boolean `(Tq, Tv)` mask where query `i` sees keys `j` with `key_start + j <= query_start + i`.
+    """Boolean `(Tq, Tv)` mask: query `i` sees keys `j` with `key_start + j <= query_start + i`.
 
     `query_start` is the position of the first query among the keys; it
     defaults to `Tv - Tq`: with `Tq == Tv` this is the lower triangle, and
@@ -59,6 +60,14 @@ def causal_mask(query_length, value_length=None, query_start=None, key_start=0):
     rows = ops.arange(query_length, dtype="int32") + ops.cast(query_start, "int32")
     cols = ops.arange(value_length, dtype="int32") + ops.cast(key_start, "int32")
     return ops.expand_dims(rows, 1) >= ops.expand_dims(cols, 0)
+
+
+def positions_below(length, size, start=0):
+    """`(size,)` bool: `start + j < length`, the positions of a block that lie before `length`.
+
+    A kernel that pads the keys to whole blocks hides the padding with it.
+    """
+    return ops.arange(size, dtype="int32") + ops.cast(start, "int32") < length
 
 
 def check_mask_dtype(name, mask):
@@ -155,7 +164,10 @@ def compute_attention_mask(
     v = as_bool_mask(value_mask, "value_mask")
     c = causal_mask(query_length, value_length)[None] if use_causal_mask else None
     return merge_masks(
-        None if q is None else q[:, :, None], None if v is None else v[:, None, :], attention_mask, c
+        None if q is None else q[:, :, None],
+        None if v is None else v[:, None, :],
+        attention_mask,
+        c,
     )
 
 
@@ -169,7 +181,9 @@ def attention_heads_mask(value_mask=None, attention_mask=None):
     """
     v = as_bool_mask(value_mask, "value_mask")
     a = as_bool_mask(attention_mask, "attention_mask")
-    return merge_masks(None if v is None else v[:, None, None, :], None if a is None else a[:, None])
+    return merge_masks(
+        None if v is None else v[:, None, None, :], None if a is None else a[:, None]
+    )
 
 
 def visible_rows(mask):

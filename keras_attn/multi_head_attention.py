@@ -95,10 +95,11 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
         the updated `KVCache` comes last: `(output, [weights,] cache)`. A
         query row with no visible key, a padded query row and every row when
         `Tv = 0` return zeros (after the output projection and its bias) and
-        zero weights. The output mask is the query mask (implicit or explicit). A NaN or inf at a masked key or value
-        (padding, a future step) never reaches the output, on every path
-        (`keras_attn.finite`); one at a visible position makes the rows that
-        see it NaN.
+        zero weights. The output mask is the query mask (implicit or
+        explicit). A NaN or inf at a masked key or value (padding, a future
+        step) never reaches the output, on every path
+        (`keras_attn.kernels.finite`); one at a visible position makes the
+        rows that see it NaN.
 
     Raises:
         ValueError: inputs of another width than the layer was built for, a
@@ -370,7 +371,7 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
         return outputs[0] if len(outputs) == 1 else outputs
 
     def _cache_attention_mask(self, attention_mask, cache):
-        """The checked `attention_mask (B|1, Tq, S)` of a cached call: over the cache's positions."""
+        """The checked `attention_mask (B|1, Tq, S)` of a cached call (over the cache)."""
         if attention_mask is None:
             return None
         masks.check_mask_dtype("attention_mask", attention_mask)

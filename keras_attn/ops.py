@@ -13,7 +13,7 @@ Masks are boolean, `True` means "may attend" (built and checked in
 `keras_attn.masks`, re-exported here). A masked key gets exactly zero weight,
 and a query row with no visible key gets all-zero weights (and so a zero
 output), never NaN and never a uniform average over padding. A NaN or inf at a
-masked key never reaches an output (`keras_attn.finite`).
+masked key never reaches an output (`keras_attn.kernels.finite`).
 """
 
 import math
@@ -189,7 +189,7 @@ def weighted_sum(weights, value):
     holding a non-finite entry are zeroed, and the rows that give such a value
     a non-zero weight are set to NaN (all their channels): a non-finite value
     at a visible key still propagates, to the rows that see it. See
-    `keras_attn.finite`; the weights must be non-negative, as softmax weights
+    `keras_attn.kernels.finite`; the weights must be non-negative, as softmax weights
     (after dropout) are.
     """
     value, _, flag = finite.zero_nonfinite(value)
@@ -335,7 +335,5 @@ def attention(
     dropout = None
     if _dropout_active(dropout_rate, training):
         dropout = lambda w: random.dropout(w, dropout_rate, seed=seed)  # noqa: E731
-    output, weights = KERNELS[name](
-        query, key, value, mask, is_causal, query_start, scale, dropout
-    )
+    output, weights = KERNELS[name](query, key, value, mask, is_causal, query_start, scale, dropout)
     return output, weights if return_weights else None

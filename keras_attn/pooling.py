@@ -3,7 +3,7 @@
 import keras
 from keras import ops as kops
 
-from keras_attn import ops
+from keras_attn import ops as attn_ops
 from keras_attn.arguments import check_floating, check_positive_int, check_rank, check_rate
 from keras_attn.kernels import finite
 from keras_attn.masks import check_mask_dtype
@@ -128,8 +128,8 @@ class AttentionPooling(keras.layers.Layer):
         if self.bias is not None:
             hidden = hidden + self.bias
         scores = kops.matmul(kops.tanh(hidden), self.context)  # (B, T)
-        weights = ops.masked_softmax(scores, mask)  # (B, T)
-        weights = ops.dropout_weights(
+        weights = attn_ops.masked_softmax(scores, mask)  # (B, T)
+        weights = attn_ops.dropout_weights(
             weights, self.dropout, training=training, seed=self.seed_generator
         )
         w = kops.cast(kops.expand_dims(weights, 1), inputs.dtype)  # (B, 1, T)

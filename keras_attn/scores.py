@@ -8,7 +8,7 @@ name (`"dot"`, `"scaled_dot"`, `"additive"`, `"bilinear"`) or as an instance.
 import keras
 from keras import ops as kops
 
-from keras_attn import ops
+from keras_attn import ops as attn_ops
 from keras_attn.arguments import clone_initializer
 
 _REGISTRY = keras.saving.register_keras_serializable(package="keras_attn")
@@ -44,10 +44,10 @@ class DotScore(Score):
     """`s(q, k) = q . k`. Query and key widths must match."""
 
     def build(self, query_shape, key_shape):
-        ops._check_widths("query", query_shape, "key", key_shape)
+        attn_ops._check_widths("query", query_shape, "key", key_shape)
 
     def call(self, query, key):
-        return ops.dot_score(query, key)
+        return attn_ops.dot_score(query, key)
 
 
 @_REGISTRY
@@ -63,10 +63,10 @@ class ScaledDotScore(Score):
         self.scale = scale
 
     def build(self, query_shape, key_shape):
-        ops._check_widths("query", query_shape, "key", key_shape)
+        attn_ops._check_widths("query", query_shape, "key", key_shape)
 
     def call(self, query, key):
-        return ops.scaled_dot_score(query, key, scale=self.scale)
+        return attn_ops.scaled_dot_score(query, key, scale=self.scale)
 
     def get_config(self):
         config = super().get_config()
@@ -132,7 +132,7 @@ class AdditiveScore(Score):
         projected_key = kops.matmul(key, self.key_kernel)  # (B, Tv, units)
         if self.bias is not None:
             projected_key = projected_key + self.bias
-        return ops.additive_score(projected_query, projected_key, self.score_vector)
+        return attn_ops.additive_score(projected_query, projected_key, self.score_vector)
 
     def get_config(self):
         config = super().get_config()
@@ -164,7 +164,7 @@ class BilinearScore(Score):
 
     def call(self, query, key):
         self.check_built_widths(query, key, *self.kernel.shape)
-        return ops.bilinear_score(query, key, self.kernel)
+        return attn_ops.bilinear_score(query, key, self.kernel)
 
     def get_config(self):
         config = super().get_config()

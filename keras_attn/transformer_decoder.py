@@ -243,7 +243,9 @@ class TransformerDecoderBlock(_TransformerBlock):
         batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
         outputs = [keras.KerasTensor(decoder_sequence.shape, dtype=self.compute_dtype)]
         if return_attention_scores:
-            keys = length if self_attention_cache is None else as_kv_cache(self_attention_cache).length
+            keys = (
+                length if self_attention_cache is None else as_kv_cache(self_attention_cache).length
+            )
             shape = (batch, self.num_heads, length)
             outputs.append(keras.KerasTensor(shape + (keys,), dtype=self.compute_dtype))
             if self.cross_attention is not None:
@@ -255,7 +257,12 @@ class TransformerDecoderBlock(_TransformerBlock):
                 outputs.append(keras.KerasTensor(shape + (source_length,), self.compute_dtype))
         if self_attention_cache is not None:
             outputs.append(
-                KVCache(*(keras.KerasTensor(c.shape, c.dtype) for c in as_kv_cache(self_attention_cache)))
+                KVCache(
+                    *(
+                        keras.KerasTensor(c.shape, c.dtype)
+                        for c in as_kv_cache(self_attention_cache)
+                    )
+                )
             )
             cross = cross_attention_cache
             if self.cross_attention is not None and cross is None:

@@ -8,7 +8,7 @@ registered with `package="models"`, with a `get_config`.
 import keras
 from keras import ops as kops
 
-from keras_attn import ops
+from keras_attn import ops as attn_ops
 
 _REGISTER = keras.saving.register_keras_serializable(package="models")
 
@@ -189,7 +189,7 @@ class ChosenPositionsMask(keras.layers.Layer):
     """
 
     def call(self, pointers, inputs):
-        return ops.chosen_positions_mask(kops.cast(pointers, "int32"), kops.shape(inputs)[1])
+        return attn_ops.chosen_positions_mask(kops.cast(pointers, "int32"), kops.shape(inputs)[1])
 
     def compute_output_shape(self, pointers_shape, inputs_shape):
         return tuple(pointers_shape) + (inputs_shape[1],)

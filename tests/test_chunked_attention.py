@@ -333,9 +333,11 @@ def record_kernels(monkeypatch):
     """The names of the kernels `ops.attention` runs, appended to a list as they run."""
     chosen = []
     for name, kernel in list(ops.KERNELS.items()):
-        monkeypatch.setitem(
-            ops.KERNELS, name, lambda *a, name=name, kernel=kernel: chosen.append(name) or kernel(*a)
-        )
+        def recorded(*args, name=name, kernel=kernel):
+            chosen.append(name)
+            return kernel(*args)
+
+        monkeypatch.setitem(ops.KERNELS, name, recorded)
     return chosen
 
 

@@ -5,7 +5,7 @@
 
 | kernel | weights | dropout | memory | |
 |---|---|---|---|---|
-| `dense_attention` | returned | yes | `O(Tq Tv)` | the reference: masked softmax, then the weighted sum |
+| `dense_attention` | returned | yes | `O(Tq Tv)` | the reference: masked softmax, weighted sum |
 | `fused_attention` | - | - | `O(Tq Tv)`, fewer passes | a written-out gradient |
 | `chunked_attention` | - | - | `O(Tq)` per key block | an online softmax over key blocks |
 

@@ -41,10 +41,10 @@ def check_qkv(query, key, value):
             f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}, "
             f"value.shape={tuple(value.shape)}"
         )
+
     def differ(a, b):
         return any(
-            isinstance(m, int) and isinstance(n, int) and m != n
-            for m, n in zip(a, b, strict=True)
+            isinstance(m, int) and isinstance(n, int) and m != n for m, n in zip(a, b, strict=True)
         )
 
     for name, x in (("key", key), ("value", value)):

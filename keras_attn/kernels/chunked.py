@@ -162,7 +162,7 @@ def chunked_attention(
         if is_causal:
             parts.append(masks.causal_mask(query_length, block, query_start, key_start=first))
         if tail:
-            parts.append(first + ops.arange(block, dtype="int32") < value_length)
+            parts.append(masks.positions_below(value_length, block, start=first))
         return masks.merge_masks(*parts)
 
     q = query * ops.cast(scale, query.dtype)  # scaling Tq * dk values, not Tq * Tv
@@ -199,7 +199,7 @@ def _attend(q, k, v, flag, visible, block, num_blocks):
     def attend(q, k, v):
         # The forward pass on stopped inputs: an eager GradientTape would
         # otherwise record every block's ops and keep their (Tq, Bk) tiles
-        # alive (O(Tq Tv) memory, measured: 4.5 GiB instead of 1.0 at L=8192).
+        # alive (O(Tq Tv) memory; measured at L=8192: 4.5 GiB instead of 1.2).
         stopped = (ops.stop_gradient(x) for x in (q, k, v))
         out, lse, seen = _forward(*stopped, flag, visible, block, num_blocks)  # out: float32
 

@@ -78,7 +78,9 @@ def dense_attention(
         zeroed too, so a masked NaN key is in no gradient (`dQ = dS K`).
     """
     value, key, flag = finite.zero_nonfinite(value, key)
-    q = query * ops.cast(default_scale(query, scale), query.dtype)  # Tq * dk multiplies, not Tq * Tv
+    q = query * ops.cast(
+        default_scale(query, scale), query.dtype
+    )  # Tq * dk multiplies, not Tq * Tv
     scores = ops.matmul(q, swap_last(key))  # (..., Tq, Tv)
     if is_causal:
         causal = masks.causal_mask(ops.shape(query)[-2], ops.shape(key)[-2], query_start)

@@ -14,9 +14,14 @@ difference, when the property does not hold:
 | `assert_batch_invariance` | an example's output does not depend on the rest of its batch |
 | `assert_fully_masked_rows_safe` | rows that see nothing output zeros; outputs, gradients finite |
 | `assert_save_reload_equal` | `.keras` (safe mode) and SavedModel copies give the same outputs |
+| `assert_paths_agree` | every path (variant, policy, eager, XLA) gives the float64 reference's |
+| | outputs and gradients, with huge, inf or NaN at the padded steps |
+| `assert_cached_decoding_agrees` | a padded prefill, then one step at a time, gives the full pass |
 
-They work on any Keras layer or model, not only keras-attn's, and need no test
-framework. Every check takes the same first arguments:
+They work on any Keras layer or model, not only keras-attn's (the two
+differential checks: on a layer that round-trips its config; the cached one on
+keras-attn's cache signature), and need no test framework. Every check takes
+the same first arguments:
 
 - `fn`: a layer, a model or any callable. A `keras.Model` is called
   `fn(inputs, **call_kwargs)`, with `inputs` arranged as the model's inputs
@@ -38,6 +43,7 @@ The checks run on the TensorFlow and JAX backends; TensorFlow (or JAX) is
 imported only by what needs it (SavedModel, gradients, XLA).
 """
 
+from keras_attn.testing.differential import assert_cached_decoding_agrees, assert_paths_agree
 from keras_attn.testing.invariance import (
     assert_batch_invariance,
     assert_causal_invariance,
@@ -47,8 +53,10 @@ from keras_attn.testing.safety import assert_fully_masked_rows_safe, assert_save
 
 __all__ = [
     "assert_batch_invariance",
+    "assert_cached_decoding_agrees",
     "assert_causal_invariance",
     "assert_fully_masked_rows_safe",
     "assert_padding_invariance",
+    "assert_paths_agree",
     "assert_save_reload_equal",
 ]

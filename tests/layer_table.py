@@ -1,0 +1,503 @@
+"""One table of every public layer of keras-attn: how to build it, its inputs, masks and paths.
+
+`TABLE` maps the name of every layer class in `keras_attn.__all__` to an `Entry`:
+
+- `make(dtype, **overrides)`: a new layer under a dtype policy;
+- `cases`: fixed inputs (one example per padding pattern: left, right, inside,
+  nothing real), with `Tv` in {0, 1, many} where the layer takes a value
+  sequence, which inputs the masks cover (`Case.padding`), and which output
+  rows must be exactly zero;
+- `variants`: constructor overrides that pick another path through the same
+  function (the kernels of `MultiHeadAttention`), and the `reference` one;
+- `decoding`: the cached-decoding runs, for the layers with a KV cache;
+- `kit`: the property kit's setups, drawn by hypothesis (or a seed) in
+  tests/test_testing_kit.py; `LAYERS` is their flat view.
+
+tests/test_differential.py runs `keras_attn.testing.assert_paths_agree` and
+`assert_cached_decoding_agrees` over it.
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+import keras_attn as ka
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+WIDTH = 8
+
+
+# ---------------------------------------------------------------------------
+# The property kit's setups, one per layer (and per code path that needs its
+# own arguments): drawn by tests/test_testing_kit.py
+# ---------------------------------------------------------------------------
+
+
+def normal(pick, *shape):
+    return np.random.default_rng(pick.int(0, 9999)).normal(size=shape).astype("float32")
+
+
+@dataclasses.dataclass
+class Setup:
+    """A layer, its inputs and call options, and which checks apply (with their arguments)."""
+
+    layer: keras.layers.Layer
+    inputs: dict
+    call_kwargs: dict
+    padding: dict | None = None  # assert_padding_invariance(padding=..., **padding_kwargs)
+    padding_kwargs: dict = dataclasses.field(default_factory=dict)
+    causal: dict | None = None  # assert_causal_invariance(**causal)
+    empty: int | None = None  # assert_fully_masked_rows_safe(empty=...)
+    zero_outputs: bool = True
+
+
+def attention_setup(make, weights_axis=1, dropout=True, scores=True, nonfinite=True):
+    """The query/value attention layers: one signature, one setup."""
+
+    def setup(pick):
+        policy = pick.choice(POLICIES)
+        training = dropout and pick.bool()
+        return_scores = scores and pick.bool()
+        causal = pick.bool()
+        single_query = not causal and pick.bool()
+        batch = pick.int(2, 3)
+        tq, tv = (pick.int(2, 6),) * 2 if causal else (pick.int(1, 5), pick.int(1, 6))
+        value_mask = pick.mask(batch, tv)
+        value_mask[0] = False  # example 0 sees nothing
+        inputs = {"value": normal(pick, batch, tv, WIDTH), "value_mask": value_mask}
+        padding = {"value": "value_mask"}
+        if single_query:
+            inputs["query"] = normal(pick, batch, WIDTH)
+            inputs["query_mask"] = pick.mask(batch, 1)[:, 0]
+        else:
+            inputs["query"] = normal(pick, batch, tq, WIDTH)
+            inputs["query_mask"] = pick.mask(batch, tq)
+            padding["query"] = "query_mask"
+        kwargs = {"use_causal_mask": causal, "return_attention_scores": return_scores}
+        if training:
+            kwargs["training"] = True
+        time_axes = (1, weights_axis) if return_scores else 1
+        return Setup(
+            make(dtype=policy, dropout=0.3 if training else 0.0),
+            inputs,
+            kwargs,
+            padding=padding,
+            padding_kwargs={"nonfinite": nonfinite and pick.bool()},
+            causal={"sequences": ["query", "value"], "time_axes": time_axes} if causal else None,
+            empty=0,
+        )
+
+    return setup
+
+
+def pooling_setup(pick):
+    batch, length = pick.int(2, 3), pick.int(1, 6)
+    mask = pick.mask(batch, length)
+    mask[0] = False
+    training = pick.bool()
+    kwargs = {"return_attention_scores": pick.bool(), **({"training": True} if training else {})}
+    layer = ka.AttentionPooling(
+        units=4, dropout=0.3 if training else 0.0, seed=1, dtype=pick.choice(POLICIES)
+    )
+    inputs = {"inputs": normal(pick, batch, length, WIDTH), "mask": mask}
+    return Setup(
+        layer,
+        inputs,
+        kwargs,
+        padding={"inputs": "mask"},
+        padding_kwargs={"nonfinite": pick.bool()},
+        empty=0,
+    )
+
+
+def position_setup(make, rank=3, even=False):
+    """Position-wise layers: the output at step t depends on step t (and the position) only."""
+
+    def setup(pick):
+        batch, length = pick.int(2, 3), pick.int(2, 6)
+        width = 2 * pick.int(1, 4) if even else pick.int(1, 8)
+        shape = (batch, length) + ((pick.int(1, 3),) if rank == 4 else ()) + (width,)
+        layer, kwargs = make(pick, length)
+        return Setup(layer, {"inputs": normal(pick, *shape)}, kwargs, causal={})
+
+    return setup
+
+
+def sinusoidal(pick, length):
+    layer = ka.SinusoidalPositionalEncoding(max_wavelength=100, dtype=pick.choice(POLICIES))
+    return layer, {"start_index": pick.int(0, 5)}
+
+
+def learned(pick, length):
+    layer = ka.LearnedPositionalEmbedding(sequence_length=8, dtype=pick.choice(POLICIES))
+    return layer, {"start_index": pick.int(0, 8 - length)}
+
+
+def rotary(pick, length):
+    return ka.RotaryEmbedding(dtype=pick.choice(POLICIES)), {"start_index": pick.int(0, 5)}
+
+
+def feed_forward(pick, length):
+    training = pick.bool()
+    layer = ka.FeedForward(
+        intermediate_dim=16, dropout=0.3 if training else 0.0, seed=1, dtype=pick.choice(POLICIES)
+    )
+    return layer, {"training": True} if training else {}
+
+
+def token_and_position_setup(pick):
+    batch, length = pick.int(2, 3), pick.int(2, 7)
+    ids = np.random.default_rng(pick.int(0, 9999)).integers(1, 20, size=(batch, length))
+    ids = np.where(pick.mask(batch, length), ids, 0).astype("int32")
+    layer = ka.TokenAndPositionEmbedding(
+        20, 10, 6, position=pick.choice(("sinusoidal", "learned")), dtype=pick.choice(POLICIES)
+    )
+    return Setup(
+        layer,
+        {"inputs": ids},
+        {},
+        padding={"inputs": ids != 0},
+        padding_kwargs={"pad_value": 0},
+        causal={},
+    )
+
+
+def block_options(pick):
+    training = pick.bool()
+    options = {
+        "norm_first": pick.bool(),
+        "dropout": 0.2 if training else 0.0,
+        "attention_dropout": 0.2 if training else 0.0,
+        "seed": 3,
+        "dtype": pick.choice(POLICIES),
+    }
+    if pick.bool():  # grouped-query heads with rotary positions
+        options.update(num_key_value_heads=1, rotary_embedding=ka.RotaryEmbedding())
+    return options, training
+
+
+def encoder_setup(pick):
+    options, training = block_options(pick)
+    batch, length = pick.int(2, 3), pick.int(2, 6)
+    mask = pick.mask(batch, length)
+    mask[0] = False
+    causal, return_scores = pick.bool(), pick.bool()
+    kwargs = {"use_causal_mask": causal, "return_attention_scores": return_scores}
+    if training:
+        kwargs["training"] = True
+    return Setup(
+        ka.TransformerEncoderBlock(num_heads=2, intermediate_dim=16, **options),
+        {"inputs": normal(pick, batch, length, WIDTH), "padding_mask": mask},
+        kwargs,
+        padding={"inputs": "padding_mask"},
+        padding_kwargs={"output_mask": "padding_mask"},  # padded rows keep their residual
+        causal={"sequences": ["inputs"], "time_axes": (1, 2) if return_scores else 1}
+        if causal
+        else None,
+        empty=0,
+        zero_outputs=False,
+    )
+
+
+def decoder_setup(pick):
+    options, training = block_options(pick)
+    batch, length = pick.int(2, 3), pick.int(2, 6)
+    decoder_mask = pick.mask(batch, length)
+    inputs = {"decoder_sequence": normal(pick, batch, length, WIDTH)}
+    inputs["decoder_padding_mask"] = decoder_mask
+    padding = {"decoder_sequence": "decoder_padding_mask"}
+    cross = pick.bool()
+    if cross:
+        source_length = pick.int(1, 5)
+        source_mask = pick.mask(batch, source_length)
+        source_mask[0] = False
+        inputs["encoder_sequence"] = normal(pick, batch, source_length, WIDTH)
+        inputs["encoder_padding_mask"] = source_mask
+        padding["encoder_sequence"] = "encoder_padding_mask"
+    else:
+        decoder_mask[0] = False
+    return_scores = pick.bool()
+    kwargs = {"return_attention_scores": return_scores}
+    if training:
+        kwargs["training"] = True
+    return Setup(
+        ka.TransformerDecoderBlock(num_heads=2, intermediate_dim=16, **options),
+        inputs,
+        kwargs,
+        padding=padding,
+        padding_kwargs={"output_mask": "decoder_padding_mask"},
+        causal={
+            "sequences": ["decoder_sequence"],
+            "time_axes": (1, 2, 2)[: 1 + return_scores * (1 + cross)],
+        },
+        empty=0,
+        zero_outputs=False,
+    )
+
+
+def _layer(cls, **fixed):
+    def make(dtype, dropout):
+        return cls(**fixed, dropout=dropout, seed=1, dtype=dtype)
+
+    return make
+
+
+def _score_attention(dtype, dropout):
+    score = ka.scores.AdditiveScore(units=3, use_bias=True, dtype=dtype)
+    return ka.ScoreAttention(score=score, dropout=dropout, seed=1, dtype=dtype)
+
+
+def _chunked(dtype, dropout):
+    return ka.MultiHeadAttention(2, 4, implementation="chunked", dtype=dtype)
+
+
+# ---------------------------------------------------------------------------
+# The differential cases: fixed inputs, one example per padding pattern
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """Inputs of one call, and what the differential check needs to know about them."""
+
+    inputs: dict
+    padding: dict | None = None  # float input -> the name of its mask: what the masks cover
+    call_kwargs: dict = dataclasses.field(default_factory=dict)
+    output_mask: str | None = None  # outputs compared on these rows only (a residual block)
+    zero_rows: np.ndarray | None = None  # output rows that must be exactly zero
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+    """A cached-decoding run: `make(**overrides)`, with the encoder sequence or without."""
+
+    overrides: dict = dataclasses.field(default_factory=dict)
+    encoder: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    make: Callable[..., keras.layers.Layer]  # make(dtype="float32", **overrides)
+    cases: dict  # name -> Case
+    kit: dict  # label -> setup(pick), see above
+    variants: tuple = ({},)  # constructor overrides: the paths through the same function
+    reference: dict = dataclasses.field(default_factory=dict)  # of the float64 reference
+    decoding: dict = dataclasses.field(default_factory=dict)  # name -> Decoding; {}: no cache
+
+
+# Left, right, inside padding, and (keys) nothing real: one example each.
+QUERY_MASK = np.array([[0, 1, 1, 1], [1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 1, 1]], bool)
+VALUE_MASKS = {
+    0: np.zeros((4, 0), bool),
+    1: np.array([[1], [0], [1], [0]], bool),
+    5: np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 1, 1], [0, 0, 0, 0, 0]], bool),
+}
+# Cached decoding: a prompt of 3 with padding left, right (decoded) and inside; a source.
+DECODING_MASK = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 0, 1]], bool)
+DECODING_SEQUENCE = np.random.default_rng(5).normal(size=(3, 6, WIDTH)).astype("float32")
+ENCODER_MASK = np.array([[1, 1, 0, 0], [0, 1, 1, 1], [1, 0, 1, 0]], bool)
+ENCODER_SEQUENCE = np.random.default_rng(6).normal(size=(3, 4, WIDTH)).astype("float32")
+
+
+def _normal(seed, *shape):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def zero_rows(query_mask, value_mask, causal=False):
+    """Rows that see no key (every row when `Tv = 0`) or are padded: their outputs are zero."""
+    tq, tv = query_mask.shape[1], value_mask.shape[1]
+    allowed = np.tril(np.ones((tq, tv), bool), tv - tq) if causal else np.ones((tq, tv), bool)
+    return ~query_mask | ~(value_mask[:, None, :] & allowed).any(-1)
+
+
+def attention_cases(causal=False):
+    """`Tv` = 0, 1, 5 (and a causal self-attention): query and value padded."""
+    padding = {"query": "query_mask", "value": "value_mask"}
+    cases = {}
+    for tv, value_mask in VALUE_MASKS.items():
+        inputs = {"query": _normal(tv, 4, 4, WIDTH), "value": _normal(10 + tv, 4, tv, WIDTH),
+                  "query_mask": QUERY_MASK, "value_mask": value_mask}  # fmt: skip
+        cases[f"Tv={tv}"] = Case(inputs, padding, zero_rows=zero_rows(QUERY_MASK, value_mask))
+    if causal:
+        x, mask = _normal(20, 4, 5, WIDTH), VALUE_MASKS[5]
+        inputs = {"query": x, "value": x, "query_mask": mask, "value_mask": mask}
+        cases["causal"] = Case(inputs, padding, {"use_causal_mask": True},
+                               zero_rows=zero_rows(mask, mask, causal=True))  # fmt: skip
+    return cases
+
+
+def pooling_cases():
+    return {f"T={t}": Case({"inputs": _normal(30 + t, 4, t, WIDTH), "mask": mask},
+                           {"inputs": "mask"}, zero_rows=~mask.any(-1))
+            for t, mask in VALUE_MASKS.items()}  # fmt: skip
+
+
+def sequence_cases(*shape, **call_kwargs):
+    """A position-wise layer: nothing masked, one case."""
+    return {"unmasked": Case({"inputs": _normal(40, *shape)}, call_kwargs=call_kwargs)}
+
+
+def encoder_cases():
+    inputs = {"inputs": _normal(50, 4, 5, WIDTH), "padding_mask": VALUE_MASKS[5]}
+    padding = {"inputs": "padding_mask"}
+    return {
+        "T=5": Case(inputs, padding, output_mask="padding_mask"),
+        "causal": Case(inputs, padding, {"use_causal_mask": True}, output_mask="padding_mask"),
+    }
+
+
+def decoder_cases():
+    """A source of `S` = 0, 1, 5 steps, and no source (a decoder-only block)."""
+    target = {"decoder_sequence": _normal(60, 4, 4, WIDTH), "decoder_padding_mask": QUERY_MASK}
+    cases = {}
+    for s, mask in VALUE_MASKS.items():
+        source = {"encoder_sequence": _normal(61 + s, 4, s, WIDTH), "encoder_padding_mask": mask}
+        padding = {"decoder_sequence": "decoder_padding_mask",
+                   "encoder_sequence": "encoder_padding_mask"}  # fmt: skip
+        cases[f"S={s}"] = Case({**target, **source}, padding, output_mask="decoder_padding_mask")
+    cases["no encoder"] = Case(target, {"decoder_sequence": "decoder_padding_mask"},
+                               output_mask="decoder_padding_mask")  # fmt: skip
+    return cases
+
+
+def maker(cls, *args, **fixed):
+    def make(dtype="float32", **overrides):
+        return cls(*args, **{**fixed, **overrides}, dtype=dtype)
+
+    return make
+
+
+def with_numpy_weights(layer, seed=0):
+    """`layer` (built) with weights drawn by NumPy: the same on every backend, biases not 0."""
+    rng = np.random.default_rng(seed)
+    for w in layer.trainable_weights:
+        scale = w.shape[0] ** -0.5 if len(w.shape) > 1 else 0.5
+        w.assign(rng.uniform(-1.0, 1.0, size=w.shape).astype("float32") * scale)
+    return layer
+
+
+def grouped_rotary(cls, *args, **fixed):
+    """`maker` for a layer with grouped-query heads (one key/value head) and rotary positions."""
+
+    def make(dtype="float32", **overrides):
+        rotary = ka.RotaryEmbedding(dtype=dtype)
+        options = {"num_key_value_heads": 1, "rotary_embedding": rotary, **fixed, **overrides}
+        return cls(*args, **options, dtype=dtype)
+
+    return make
+
+
+IMPLEMENTATIONS = tuple({"implementation": name} for name in ("dense", "fused", "chunked"))
+
+ATTENTION = {
+    "DotAttention": (maker(ka.DotAttention), _layer(ka.DotAttention)),
+    "ScaledDotAttention": (
+        maker(ka.ScaledDotAttention, scale=0.5),
+        _layer(ka.ScaledDotAttention, scale=0.5),
+    ),
+    "AdditiveAttention": (
+        maker(ka.AdditiveAttention, units=4, use_bias=True),
+        _layer(ka.AdditiveAttention, units=4),
+    ),
+    "BilinearAttention": (maker(ka.BilinearAttention), _layer(ka.BilinearAttention)),
+    "KeyValueAttention": (
+        maker(ka.KeyValueAttention, key_dim=4, value_dim=3, output_dim=5),
+        _layer(ka.KeyValueAttention, key_dim=4, value_dim=3, output_dim=5),
+    ),
+    "ScoreAttention": (
+        maker(ka.ScoreAttention, score=ka.scores.AdditiveScore(units=3, use_bias=True)),
+        _score_attention,
+    ),
+    "HardAttention": (
+        maker(ka.HardAttention, temperature=0.5),
+        _layer(ka.HardAttention, temperature=0.5),
+    ),
+    "PointerAttention": (
+        maker(ka.PointerAttention, units=4, use_bias=True),
+        _layer(ka.PointerAttention, units=4),
+    ),
+}
+
+TABLE = {
+    **{
+        name: Entry(make, attention_cases(), kit={name: attention_setup(kit_make)})
+        for name, (make, kit_make) in ATTENTION.items()
+    },
+    "MultiHeadAttention": Entry(
+        grouped_rotary(ka.MultiHeadAttention, 2, 4),
+        attention_cases(causal=True),
+        kit={
+            "MultiHeadAttention": attention_setup(
+                _layer(
+                    ka.MultiHeadAttention,
+                    num_heads=2,
+                    key_dim=4,
+                    num_key_value_heads=1,
+                    rotary_embedding=ka.RotaryEmbedding(),
+                ),
+                weights_axis=2,
+            ),
+            "MultiHeadAttention(chunked)": attention_setup(_chunked, dropout=False, scores=False),
+        },
+        variants=IMPLEMENTATIONS,
+        reference={"implementation": "dense"},
+        decoding={
+            "plain": Decoding({"num_key_value_heads": None, "rotary_embedding": None}),
+            "grouped-query": Decoding({"rotary_embedding": None}),
+            "rotary": Decoding({"num_key_value_heads": None}),
+        },
+    ),
+    "AttentionPooling": Entry(
+        maker(ka.AttentionPooling, units=4),
+        pooling_cases(),
+        kit={"AttentionPooling": pooling_setup},
+    ),
+    "SinusoidalPositionalEncoding": Entry(
+        maker(ka.SinusoidalPositionalEncoding, max_wavelength=100),
+        sequence_cases(4, 5, WIDTH, start_index=2),
+        kit={"SinusoidalPositionalEncoding": position_setup(sinusoidal)},
+    ),
+    "LearnedPositionalEmbedding": Entry(
+        maker(ka.LearnedPositionalEmbedding, sequence_length=8),
+        sequence_cases(4, 5, WIDTH, start_index=1),
+        kit={"LearnedPositionalEmbedding": position_setup(learned)},
+    ),
+    "RotaryEmbedding": Entry(
+        maker(ka.RotaryEmbedding),
+        {
+            **sequence_cases(4, 5, WIDTH, start_index=3),
+            "heads": sequence_cases(4, 5, 2, WIDTH, start_index=3)["unmasked"],
+        },
+        kit={
+            "RotaryEmbedding": position_setup(rotary, even=True),
+            "RotaryEmbedding(heads)": position_setup(rotary, rank=4, even=True),
+        },
+    ),
+    "TokenAndPositionEmbedding": Entry(
+        maker(ka.TokenAndPositionEmbedding, 20, 8, WIDTH, position="learned"),
+        # Token id 0 is padding (an implicit mask): no float input to write content into.
+        {"ids": Case({"inputs": np.where(VALUE_MASKS[5], 7, 0).astype("int32")})},
+        kit={"TokenAndPositionEmbedding": token_and_position_setup},
+    ),
+    "FeedForward": Entry(
+        maker(ka.FeedForward, intermediate_dim=16),
+        sequence_cases(4, 5, WIDTH),
+        kit={"FeedForward": position_setup(feed_forward)},
+    ),
+    "TransformerEncoderBlock": Entry(
+        grouped_rotary(ka.TransformerEncoderBlock, 2, 16, norm_first=True),
+        encoder_cases(),
+        kit={"TransformerEncoderBlock": encoder_setup},
+    ),
+    "TransformerDecoderBlock": Entry(
+        grouped_rotary(ka.TransformerDecoderBlock, 2, 16),
+        decoder_cases(),
+        kit={"TransformerDecoderBlock": decoder_setup},
+        decoding={"cross-attention": Decoding(encoder=True), "decoder-only": Decoding()},
+    ),
+}
+
+# The property kit's setups by label (tests/test_testing_kit.py).
+LAYERS = {label: setup for entry in TABLE.values() for label, setup in entry.kit.items()}
