@@ -57,7 +57,8 @@ def check_input_shapes(query_shape, value_shape, key_shape=None):
 def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None, value_shape=None):
     """The checks every attention layer's `call` starts with, and the rank-2 query.
 
-    The inputs must be floating point. A rank-2 query `(B, dq)` becomes
+    The inputs must be floating point. Padded query rows are zeroed
+    (`keras_attn.masks.zero_padded`). A rank-2 query `(B, dq)` becomes
     `(B, 1, dq)`, its masks following (`query_mask (B,)` -> `(B, 1)`,
     `attention_mask (B, Tv)` -> `(B, 1, Tv)`), and the explicit masks are
     checked (`check_masks`) against the query and `value_shape` (default
@@ -88,6 +89,7 @@ def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None
             attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
     value_shape = value.shape if value_shape is None else value_shape
     check_masks(query.shape, value_shape, query_mask, value_mask, attention_mask)
+    query = masks.zero_padded(query, query_mask)  # padded rows: no NaN in any gradient
     return query, query_mask, attention_mask, single_query
 
 
@@ -300,6 +302,7 @@ class ScoreAttention(QueryMaskOutput, keras.layers.Layer):
         # the mask replaces the score, so they reach neither the output nor a
         # gradient (dQ = dS K); at a visible one the rows that see them are NaN
         # (`keras_attn.kernels.finite`).
+        value, key = masks.zero_padded(value, value_mask), masks.zero_padded(key, value_mask)
         value, key, flag = finite.zero_nonfinite(value, key)
         query, key, value = self.project_inputs(query, key, value)
         scores = self.score_layer(query, key)  # (B, Tq, Tv)

@@ -71,6 +71,8 @@ class HardAttention(ScoreAttention):
         self.temperature = float(check_positive_number("temperature", temperature))
 
     def normalize(self, scores, mask, training):
+        if scores.shape[-1] == 0:  # no key to select (Tv = 0): all-zero weights
+            return kops.zeros_like(scores)
         # Selection and noise in float32 whatever the policy, as the softmax.
         logits = kops.cast(scores, "float32")  # (B, Tq, Tv)
         if training:

@@ -13,7 +13,8 @@ functions and build no mask of their own:
   huge, inf, NaN) before any max or exp;
 - `compute_attention_mask`, `attention_heads_mask`: query, value, explicit
   and causal masks merged into one, or factored for the multi-head kernels;
-- `visible_rows`, `visible_query_rows`: which query rows see any key.
+- `visible_rows`, `visible_query_rows`: which query rows see any key;
+- `zero_padded`: padded steps of an input set to 0 before any projection.
 """
 
 import keras
@@ -184,6 +185,19 @@ def attention_heads_mask(value_mask=None, attention_mask=None):
     return merge_masks(
         None if v is None else v[:, None, None, :], None if a is None else a[:, None]
     )
+
+
+def zero_padded(x, mask):
+    """`x (B, T, d)` with the padded steps (`mask (B, T)` False) set to 0; `None` mask: `x`.
+
+    Layers zero their padded inputs before any projection: whatever a padded
+    step holds (huge, inf, NaN) then reaches no output and no gradient (a
+    weight's gradient `x^T dy` would compute `NaN * 0` there).
+    """
+    if mask is None:
+        return x
+    mask = as_bool_mask(mask)
+    return ops.where(ops.expand_dims(mask, -1), x, ops.zeros_like(x))
 
 
 def visible_rows(mask):

@@ -330,6 +330,9 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
             k, v, key_mask = cache.key, cache.value, masks.merge_masks(cache.valid, value_mask)
         else:
             key = value if key is None else key
+            # Padded steps zeroed before the projections: nothing they hold reaches
+            # a gradient of the kernels (dW = x^T dy).
+            key, value = masks.zero_padded(key, value_mask), masks.zero_padded(value, value_mask)
             index = 0 if cache_update_index is None else cache_update_index
             k = self._heads(self._rotate(self.key_dense(key), index))  # (B, g, Tv, dk)
             v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)

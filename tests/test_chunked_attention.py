@@ -333,6 +333,7 @@ def record_kernels(monkeypatch):
     """The names of the kernels `ops.attention` runs, appended to a list as they run."""
     chosen = []
     for name, kernel in list(ops.KERNELS.items()):
+
         def recorded(*args, name=name, kernel=kernel):
             chosen.append(name)
             return kernel(*args)

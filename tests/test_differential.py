@@ -1,23 +1,21 @@
 """The differential checks over every public layer (tests/layer_table.py), and what they catch.
 
-`testing.assert_paths_agree` runs each case of the table on every path of its
-layer: each variant (the dense, fused and chunked kernels of
-`MultiHeadAttention`), eager and compiled with XLA, with zeros, huge values,
-+-inf and NaN at the padded steps, against one float64 reference on clean
-inputs. The full matrix of policies (float32, mixed_float16, mixed_bfloat16)
-runs for `MultiHeadAttention` and the two blocks; the other layers run the
-smaller one, float32 and mixed_float16, to keep the file fast.
+`test_paths_agree` runs each case of the table through `testing.assert_paths_agree`:
+every variant (the dense, fused and chunked kernels of `MultiHeadAttention`), eager
+and compiled with XLA, with zeros, huge values, +-inf and NaN at the padded steps,
+against one float64 reference on clean inputs, outputs and gradients. The full matrix
+of policies (float32, mixed_float16, mixed_bfloat16) runs for `MultiHeadAttention` and
+the two blocks; the other layers run the smaller one (float32 and mixed_float16, eager
+and XLA) to keep the file fast. The tests of one case and variant follow each other
+and share their compilations; each defect the checks find in the library is a strict
+xfail (`LIBRARY_DEFECTS`).
 
-- `test_outputs_agree_on_every_path`: the outputs, every content in one call.
-- `test_gradients_agree_on_every_path`: the gradients too, one variant and one
-  content a test, so that each defect the check finds in the library is one
-  strict xfail (`LIBRARY_DEFECTS`); the tests of one case share their
-  compilations.
-- `test_cached_decoding_agrees`: a padded prefill, then one token at a time
-  (eager and XLA), against the full causal pass.
-- Broken layers: each check raises on the defect it is there to catch.
+`test_cached_decoding_agrees` runs `testing.assert_cached_decoding_agrees` (a padded
+prefill, then one token at a time, eager and XLA, against the full causal pass) on the
+layers with a cache. Broken layers at the end show each check raising on its defect.
 """
 
+import functools
 import re
 
 import keras
@@ -40,7 +38,6 @@ import keras_attn as ka
 from keras_attn import testing
 
 FULL_MATRIX = {"MultiHeadAttention", "TransformerEncoderBlock", "TransformerDecoderBlock"}
-CONTENTS = ("zeros", "huge", "inf", "nan")
 pytestmark = pytest.mark.filterwarnings("ignore:You are using a softmax over axis -1")
 
 
@@ -52,8 +49,10 @@ def variant_name(overrides):
     return "-".join(str(v) for v in overrides.values()) or "default"
 
 
-def layer_for(name, case):
+@functools.cache
+def layer_for(name, case_name):
     """The table's layer, built on the case, with NumPy weights (the same on every backend)."""
+    case = TABLE[name].cases[case_name]
     layer = TABLE[name].make()
     tensors = {n: keras.ops.convert_to_tensor(v) for n, v in case.inputs.items()}
     layer(**tensors, **case.call_kwargs)
@@ -64,7 +63,7 @@ def check(name, case_name, variants, contents, gradients):
     entry = TABLE[name]
     case = entry.cases[case_name]
     testing.assert_paths_agree(
-        layer_for(name, case),
+        layer_for(name, case_name),
         case.inputs,
         case.padding,
         variants=variants,
@@ -93,62 +92,55 @@ def test_the_table_covers_every_public_layer():
         assert entry.cases and entry.kit
 
 
-CASES = [(name, case) for name, entry in TABLE.items() for case in entry.cases]
+# Per case and variant: "outputs" checks the outputs with every content and the gradients
+# with the finite ones (zeros, huge); "inf-nan" the gradients with inf and NaN. Huge values get
+# a test of their own ("huge") where they are a known defect, so that its xfail stays narrow.
+CONTENTS = ("zeros", "huge", "inf", "nan")
+# The defects the checks find in the library as it is, by test id (`layer-case-variant-kind`,
+# a regular expression matched from the start): strict xfails.
+LIBRARY_DEFECTS = {}  # none known; the last ones this check found are fixed (CHANGELOG)
 
 
-@pytest.mark.parametrize("name, case", CASES, ids=[f"{n}-{c}" for n, c in CASES])
-def test_outputs_agree_on_every_path(name, case):
-    check(name, case, TABLE[name].variants, CONTENTS, gradients=False)
+def defect(test_id):
+    return next((r for p, r in LIBRARY_DEFECTS.items() if re.match(p, test_id)), None)
 
 
-# The defects the gradient checks find in the library as it is, by test id: strict xfails.
-LIBRARY_DEFECTS = {
-    # fused/chunked backward: dS = P * (dO V^T - D) with P = 0 at a masked key whose huge
-    # (finite) value makes dO V^T overflow: 0 * inf = NaN in dQ, on rows that see real keys.
-    r"MultiHeadAttention-(Tv=1|Tv=5|causal)-(fused|chunked)-huge": (
-        "fused/chunked kernels: huge values at masked keys make dQ NaN on visible rows"
-    ),
-    # MultiHeadAttention projects keys and values before any guard: dW = x^T dK = NaN * 0.
-    r"MultiHeadAttention-(Tv=1|Tv=5|causal)-\w+-(inf|nan)": (
-        "MultiHeadAttention: inf/NaN at masked keys make the key/value kernel gradients NaN"
-    ),
-    # Keys and values are zeroed where non-finite, queries are not: 0 * inf in dV = dS^T Q.
-    r"(Dot|ScaledDot|Additive|Bilinear|KeyValue|Score|Hard|Pointer)Attention-Tv=(1|5)"
-    r"-default-(inf|nan)": "inf/NaN in a padded query row make the input gradients NaN",
-    # A padded row goes through the residual and the layer norms: its gradient is 0 * NaN.
-    r"Transformer(Encoder|Decoder)Block-.*-(huge|inf|nan)": (
-        "blocks: huge/inf/NaN at padded steps make their gradients (and the norms') NaN"
-    ),
-}
+def params():
+    """One case and variant after the other, so that their tests share the compilations."""
+    for name, entry in TABLE.items():
+        for case_name, case in entry.cases.items():
+            for overrides in entry.variants:
+                base = f"{name}-{case_name}-{variant_name(overrides)}"
+                split = defect(f"{base}-huge") and not defect(f"{base}-outputs")
+                kinds = {"outputs": ("zeros",) if split else ("zeros", "huge")}
+                kinds.update({"huge": ("huge",)} if split else {})
+                kinds.update({"inf-nan": ("inf", "nan")} if case.padding else {})
+                for kind, contents in kinds.items():
+                    reason = defect(f"{base}-{kind}")
+                    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                    values = (name, case_name, overrides, kind, contents)
+                    yield pytest.param(*values, id=f"{base}-{kind}", marks=marks)
 
 
-def gradient_params():
-    for name, case in CASES:
-        entry = TABLE[name]
-        for overrides in entry.variants:
-            contents = CONTENTS if entry.cases[case].padding else ("zeros",)
-            for content in contents:
-                test_id = f"{name}-{case}-{variant_name(overrides)}-{content}"
-                marks = [pytest.mark.xfail(strict=True, reason=reason)
-                         for pattern, reason in LIBRARY_DEFECTS.items()
-                         if re.fullmatch(pattern, test_id)][:1]  # fmt: skip
-                yield pytest.param(name, case, overrides, content, id=test_id, marks=marks)
-
-
-@pytest.mark.parametrize("name, case, overrides, content", list(gradient_params()))
-def test_gradients_agree_on_every_path(name, case, overrides, content):
-    check(name, case, [overrides], [content], gradients=True)
+@pytest.mark.parametrize("name, case, overrides, kind, contents", list(params()))
+def test_paths_agree(name, case, overrides, kind, contents):
+    if kind == "outputs":
+        check(name, case, [overrides], CONTENTS, gradients=False)
+    check(name, case, [overrides], contents, gradients=True)
 
 
 # ---------------------------------------------------------------------------
 # Cached decoding
 # ---------------------------------------------------------------------------
 
-DECODING = [(name, run) for name, entry in TABLE.items() for run in entry.decoding]
+# Every run in float32; one per layer in mixed_float16 too.
+DECODING = [(n, run, "float32") for n, entry in TABLE.items() for run in entry.decoding]
+DECODING += [
+    (n, run, "mixed_float16") for n, run, _ in DECODING if run in ("plain", "cross-attention")
+]
 
 
-@pytest.mark.parametrize("name, run", DECODING, ids=[f"{n}-{r}" for n, r in DECODING])
-@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+@pytest.mark.parametrize("name, run, policy", DECODING, ids=["-".join(d) for d in DECODING])
 def test_cached_decoding_agrees(name, run, policy):
     decoding = TABLE[name].decoding[run]
     encoder = {"encoder_sequence": ENCODER_SEQUENCE, "encoder_padding_mask": ENCODER_MASK}
@@ -171,12 +163,14 @@ VALUE = np.random.default_rng(2).normal(size=(3, 5, WIDTH)).astype("float32")
 FEED = {"query": QUERY, "value": VALUE, "value_mask": VALUE_MASKS[5][:3]}
 
 
-class AddsAMaskBias(ka.DotAttention):
+class AddsAMaskBias(keras.layers.Layer):
     """Adds -1e30 to the masked scores instead of replacing them (the fused kernel's old bug)."""
 
-    def normalize(self, scores, mask, training):
-        bias = keras.ops.cast(keras.ops.where(mask, 0.0, -1e30), scores.dtype)  # -inf in float16
-        return keras.ops.softmax(scores + bias, axis=-1)
+    def call(self, query, value, value_mask=None):
+        scores = keras.ops.matmul(query, keras.ops.swapaxes(value, 1, 2))  # (B, Tq, Tv)
+        bias = keras.ops.where(value_mask[:, None, :], 0.0, -1e30)
+        weights = keras.ops.softmax(scores + keras.ops.cast(bias, scores.dtype), axis=-1)
+        return keras.ops.matmul(weights, value)  # -1e30 is -inf in float16
 
 
 class FusedDropsTheMask(ka.MultiHeadAttention):
@@ -205,7 +199,9 @@ class ProjectsEmptyRows(keras.layers.Layer):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.projection = keras.layers.Dense(WIDTH, bias_initializer="ones", dtype=self.dtype_policy)
+        self.projection = keras.layers.Dense(
+            WIDTH, bias_initializer="ones", dtype=self.dtype_policy
+        )
 
     def build(self, query_shape, value_shape, query_mask_shape=None, value_mask_shape=None):
         self.projection.build(tuple(value_shape))
@@ -260,6 +256,25 @@ def test_cached_decoding_catches_padding_written_into_the_cache():
         )
 
 
+KEYS_ONLY = [
+    pytest.param(
+        name, overrides, id=f"{name}-{variant_name(overrides)}",
+    )
+    for name, entry in TABLE.items() if "Tv=5" in entry.cases for overrides in entry.variants
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, overrides", KEYS_ONLY)
+def test_nonfinite_keys_alone_reach_no_gradient(name, overrides):
+    """inf and NaN in the padded keys and values only (the queries clean): eager, float32."""
+    case = TABLE[name].cases["Tv=5"]
+    testing.assert_paths_agree(
+        layer_for(name, "Tv=5"), case.inputs, {"value": "value_mask"}, variants=[overrides],
+        reference=TABLE[name].reference, policies=["float32"], contents=["inf", "nan"],
+        jit_compile=(False,), zero_rows=case.zero_rows,
+    )  # fmt: skip
+
+
 class AttentionOp(keras.layers.Layer):
     """`keras_attn.ops.attention` on the inputs themselves (one head, no projection)."""
 
@@ -282,10 +297,8 @@ class AttentionOp(keras.layers.Layer):
     "implementation",
     [
         "dense",
-        *[pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=(
-            "0 * inf in the kernel's backward: dS = P * (dO V^T - D) with P = 0 at a masked "
-            "key whose huge value overflows dO V^T")))
-          for name in ("fused", "chunked")],
+        "fused",  # dS = P * (dO V^T - D) replaced by 0 at masked keys: 0 * inf was NaN
+        "chunked",
     ],
 )  # fmt: skip
 def test_the_kernels_gradients_with_huge_masked_values(implementation):

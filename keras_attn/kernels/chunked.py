@@ -139,6 +139,8 @@ def chunked_attention(
     static_length = key.shape[-2] if isinstance(key.shape[-2], int) else None
     if query_start is None:
         query_start = value_length - query_length
+    if static_length == 0:  # no key: every row is zero (and no block to trace)
+        return ops.zeros((*dims(query)[:-1], value.shape[-1]), value.dtype), None
     # Non-finite keys and values zeroed and flagged: a NaN at a masked position
     # then reaches no block's sum (keras_attn.kernels.finite).
     value, key, flag = finite.zero_nonfinite(value, key)  # flag: (..., Tv, 1)
@@ -270,10 +272,14 @@ def _backward(q, k, v, out, lse, d_out, visible, block, num_blocks):
     def step(j, carry):
         dq, dk, dv = carry
         k_j = _slice_axis(k, -2, j * block, block)  # (..., Bk, dk)
-        p = ops.exp(_scores(q, k_j, visible(j)) - lse)  # (..., Tq, Bk); 0 where masked
+        seen = visible(j)
+        p = ops.exp(_scores(q, k_j, seen) - lse)  # (..., Tq, Bk); 0 where masked
         dv_j = ops.matmul(swap_last(ops.cast(p, v.dtype)), d_out)
         dp = ops.matmul(d_out32, swap_last(_slice_axis(v32, -2, j * block, block)))
-        ds = ops.cast(p * (dp - delta), q.dtype)
+        ds = p * (dp - delta)
+        if seen is not None:  # dP may be inf at a huge masked value: 0 * inf is NaN
+            ds = ops.where(seen, ds, 0.0)
+        ds = ops.cast(ds, q.dtype)
         dq = dq + ops.cast(ops.matmul(ds, k_j), "float32")
         dk_j = ops.matmul(swap_last(ds), q)
         start = zeros + [j * block, 0]

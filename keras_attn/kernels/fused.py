@@ -5,10 +5,10 @@
 weights nor dropout, in fewer passes over the `(..., Tq, Tv)` scores:
 
 - the masked scores are replaced once (`keras_attn.masks.fill_masked`, a
-  `where` on the mask's own shape, usually `(B, 1, 1, Tv)`), and the backward
-  pass needs no `where` at all (a masked score's weight is exactly 0, and so
-  is its gradient); rows that see no key are zeroed on the `(..., Tq, dv)`
-  output instead of the weights;
+  `where` with the mask's own shape, usually `(B, 1, 1, Tv)`), and once more
+  in the backward pass (a masked score's weight is exactly 0, but `dO V^T`
+  may be inf at a huge masked value); rows that see no key are zeroed on the
+  `(..., Tq, dv)` output instead of the weights;
 - the backward pass is written out: `dV = P^T dO`, `dP = dO V^T`,
   `dS = P * (dP - delta)`, `dQ = dS K`, `dK = dS^T Q` with, in float32,
   `delta = rowsum(dO * O)` (a `(Tq, dv)` pass instead of the softmax
@@ -94,7 +94,12 @@ def _attend(q, k, v, mask, flag):
                 delta = ops.sum(d_out * out, axis=-1, keepdims=True)  # (..., Tq, 1)
             else:  # rounded dP: subtract its own weighted mean, as the softmax gradient does
                 delta = ops.sum(d_probs * probs, axis=-1, keepdims=True)
-            d_scores = ops.cast(probs * (d_probs - delta), q.dtype)
+            # Replaced, not multiplied: P = 0 at a masked key, but dP = dO V^T may be
+            # inf there (a huge masked value), and 0 * inf is NaN.
+            d_scores = probs * (d_probs - delta)
+            if mask is not None:
+                d_scores = ops.where(mask, d_scores, 0.0)
+            d_scores = ops.cast(d_scores, q.dtype)
             return ops.matmul(d_scores, k_), ops.matmul(swap_last(d_scores), q_), d_v
 
         return seen_out, grad

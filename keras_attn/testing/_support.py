@@ -68,7 +68,7 @@ class _Runner:
 
     def __call__(self, inputs):
         outputs = _flatten(self.raw(inputs))
-        self.dtypes = tuple(str(t.dtype) for t in outputs)
+        self.dtypes = tuple(keras.backend.standardize_dtype(t.dtype) for t in outputs)
         return [_to_numpy(t) for t in outputs]
 
 

@@ -25,14 +25,15 @@ POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 CONTENTS = ("huge", "inf", "nan")
 # The largest finite value of each float dtype (NumPy has no bfloat16).
 _MAX = {"float16": 65504.0, "bfloat16": 3.3895e38, "float32": 3.4028e38, "float64": 1.7976e308}
+# (class, config, inputs' signature, call_kwargs) -> [the layer rebuilt so, its compiled step]:
+# kept, so that the checks on one layer's paths share them (each check sets the weights).
+_PATHS = {}
 
 
 def _adversarial(x, padded, content, dtype):
     """`x` with `content` where `padded` (bool, the leading axes of `x`), one value per step.
 
-    `"huge"` cycles `+-max / 4` and `+-sqrt(max)` of the smaller of `dtype`
-    and `x.dtype` (finite in both); `"inf"` cycles `+inf, -inf`; `"nan"` is
-    NaN; `"zeros"` is 0.
+    `"huge"`: `+-max / 4`, `+-sqrt(max)` of the smaller of `dtype`, `x.dtype`.
     """
     if content == "huge":
         big = min(_MAX.get(str(dtype), _MAX["float32"]), _MAX.get(str(x.dtype), _MAX["float32"]))
@@ -46,110 +47,104 @@ def _adversarial(x, padded, content, dtype):
 
 
 def _with_policy(config, policy):
-    """`config` with every dtype policy in it (the layer's, its sublayers') set to `policy`,
-    and no `name` (two layers that differ only by name share their compilations)."""
-    if isinstance(config, dict):
-        return {k: policy if k == "dtype" and _is_policy(v) else _with_policy(v, policy)
-                for k, v in config.items() if k != "name"}  # fmt: skip
+    """`config` with every dtype policy in it (its sublayers' too) set to `policy`, and no name."""
     if isinstance(config, (list, tuple)):
         return type(config)(_with_policy(v, policy) for v in config)
-    return config
+    if not isinstance(config, dict):
+        return config
+    new = {k: _with_policy(v, policy) for k, v in config.items() if k != "name"}
+    dtype = config.get("dtype")
+    if isinstance(dtype, str) and "float" in dtype or isinstance(dtype, dict):
+        new["dtype"] = policy  # a policy's name, or a serialized `keras.DTypePolicy`
+    return new
 
 
-def _is_policy(value):
-    if isinstance(value, str):
-        return "float" in value
-    return isinstance(value, dict) and str(value.get("class_name", "")).endswith("DTypePolicy")
+def _float64():
+    """A context in which float64 is float64: JAX's x64 mode (TensorFlow needs none)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.enable_x64(True)
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
-# (class, config under the policy, XLA, inputs' shapes and dtypes, call_kwargs) -> (layer, step):
-# the checks run on one layer's paths, one after the other, share layers and compilations.
-_PATHS = {}
-_MAX_PATHS = 256
+def _keep(cache, key, make, size=32):
+    """`cache[key]`, made if missing; the least recently used of `size` entries goes."""
+    cache[key] = cache.pop(key) if key in cache else make()
+    if len(cache) > size:
+        del cache[next(iter(cache))]
+    return cache[key]
 
 
-def _path(layer, overrides, policy, jit_compile, tensors, floats, call_kwargs):
-    """`(path_layer, step)`, `step(tensors, keep, cotangents) -> (outputs, gradients)`.
-
-    `path_layer` is `layer` rebuilt under `policy` with `overrides`, holding
-    its weights. The gradients, with respect to the inputs `floats` then the
-    trainable weights, are those of `sum(c_i * output_i)` over the rows where
-    `keep` (bool, or `None`: all) with the cotangents `c_i` (`None` for a
-    non-float output).
-    """
+def _path(layer, overrides, policy, tensors, floats, call_kwargs, jit_compile):
+    """`(new, step)`: `layer` rebuilt under `policy` with `overrides` and `layer`'s weights;
+    `step(tensors, keep, cotangents, gradients) -> (outputs, gradients)`, the gradients
+    (inputs `floats`, trainable weights) of `sum(c_i * output_i)` on the rows where `keep`."""
     config = _with_policy({**layer.get_config(), **overrides}, policy)
-    signature = [(n, tuple(t.shape), str(t.dtype)) for n, t in tensors.items()]
-    key = (type(layer), repr(config), jit_compile, repr(signature),
-           tuple(sorted((k, _freeze(v)) for k, v in call_kwargs.items())))  # fmt: skip
-    if key not in _PATHS:
+    signature = repr([(n, tuple(t.shape), str(t.dtype)) for n, t in tensors.items()])
+    frozen = tuple(sorted((k, _freeze(v)) for k, v in call_kwargs.items()))
+    key = (type(layer), repr(config), signature, frozen)  # the built layer depends on all
+
+    def rebuild():
         new = type(layer).from_config(config)
         _call(new, tensors, call_kwargs)  # builds it
-        if [w.shape for w in new.weights] != [w.shape for w in layer.weights]:
-            raise ValueError(f"The variant {dict(overrides)} has other weights than `layer`.")
-        weights = list(new.trainable_weights)
+        return [new, None]
 
-        def step(tensors, keep, cotangents):
-            def function(*sources):
-                named = {**tensors, **dict(zip(floats, sources, strict=True))}
-                return _flatten(_call(new, named, call_kwargs))
-
-            def loss(outputs):
-                total = keras.ops.zeros((), "float64" if policy == "float64" else "float32")
-                for out, c in zip(outputs, cotangents, strict=True):
-                    if c is None:
-                        continue
-                    term = keras.ops.cast(out, total.dtype) * keras.ops.cast(c, total.dtype)
-                    rank = 0 if keep is None else len(keep.shape)
-                    if keep is not None and tuple(out.shape[:rank]) == tuple(keep.shape):
-                        shape = tuple(keep.shape) + (1,) * (len(out.shape) - rank)
-                        rows = keras.ops.reshape(keep, shape)
-                        term = keras.ops.where(rows, term, keras.ops.zeros_like(term))
-                    total = total + keras.ops.sum(term)
-                return total
-
-            return _value_and_gradients(function, [tensors[n] for n in floats], weights, loss)
-
-        if len(_PATHS) >= _MAX_PATHS:
-            del _PATHS[next(iter(_PATHS))]
-        _PATHS[key] = new, _compile(step, new.variables) if jit_compile else step
-    new, step = _PATHS[key]
+    entry = _keep(_PATHS, key, rebuild)
+    new = entry[0]
     new.set_weights(layer.get_weights())
-    return new, step
+
+    def step(tensors, keep, cotangents, gradients=True):
+        def function(*sources):
+            named = {**tensors, **dict(zip(floats, sources, strict=True))}
+            return _flatten(_call(new, named, call_kwargs))
+
+        def loss(outputs):
+            total = keras.ops.zeros((), "float64" if policy == "float64" else "float32")
+            for out, c in zip(outputs, cotangents, strict=True):
+                term = 0 if c is None else keras.ops.cast(out, total.dtype) * c
+                rank = 0 if keep is None else len(keep.shape)
+                if c is not None and rank and tuple(out.shape[:rank]) == tuple(keep.shape):
+                    rows = keras.ops.reshape(keep, tuple(keep.shape) + (1,) * (term.ndim - rank))
+                    term = keras.ops.where(rows, term, keras.ops.zeros_like(term))
+                total = total + keras.ops.sum(term)
+            return total
+
+        sources = [tensors[n] for n in floats]
+        if not gradients:
+            return function(*sources), []
+        return _value_and_gradients(function, sources, new.trainable_weights, loss)
+
+    if not jit_compile:
+        return new, step
+    entry[1] = entry[1] or _compile(step, new.variables)
+    return new, lambda tensors, keep, cotangents, gradients: entry[1](tensors, keep, cotangents)
 
 
-def _arrays(tensors, shapes, dtype):
-    """Tensors as NumPy arrays of `dtype`; `None` (no gradient) as zeros of its shape."""
-    return [np.zeros(s, dtype) if t is None else np.asarray(keras.ops.convert_to_numpy(
-        keras.ops.cast(t, dtype))) for t, s in zip(tensors, shapes, strict=True)]  # fmt: skip
-
-
-def _check_outputs(what, actual, expected, tol, keep, zero):
-    _compare(f"{what}: an output differs from the float64 reference", actual, expected, tol, keep)
-    for i, out in enumerate(actual):
+def _check(what, outputs, expected, tol, keep, zero, gradients=()):
+    """Outputs close to `expected` and zero at `zero`; each of `gradients`, `(name, g, e,
+    padded)`, finite, zero where padded, close to `e` (both divided by `max(1, max |e|)`)."""
+    _compare(f"{what}: an output differs from the float64 reference", outputs, expected, tol, keep)
+    for i, out in enumerate(outputs):
         if zero is not None and out.shape[: zero.ndim] == zero.shape and np.any(out[zero] != 0):
-            with np.errstate(invalid="ignore"):
-                largest = np.abs(out[zero].astype("float64")).max()
             raise AssertionError(
                 f"{what}: output {i} is not exactly zero on the rows that must be (padded query "
-                f"rows, rows that see no key; largest |value| {largest:.3g})"
+                f"rows, rows that see no key): largest |value| {np.abs(out[zero]).max()!r}"
             )
-
-
-def _check_gradients(what, grads, names, expected, padded, tol):
-    """Finite; exactly zero at the padded steps (`padded`: name -> bool); close to `expected`."""
-    for g, e, name in zip(grads, expected, names, strict=True):
+    for name, g, e, padded in gradients:
         if not np.all(np.isfinite(g)):
             index = tuple(int(j) for j in np.argwhere(~np.isfinite(g))[0])
             raise AssertionError(f"{what}: the gradient of {name} is not finite, at index {index}")
-        where = padded.get(name)
-        if where is not None and np.any(g[where] != 0):
+        if padded is not None and np.any(g[padded] != 0):
+            largest = np.abs(g[padded]).max()
             raise AssertionError(
-                f"{what}: the gradient of {name} is not zero at its padded steps (largest "
-                f"|value| {np.abs(g[where]).max():.3g})"
+                f"{what}: the gradient of {name} is {largest:.3g} at a padded step"
             )
-        scale = max(1.0, float(np.abs(e).max())) if e.size else 1.0
-        _compare(f"{what}: the gradient of {name} (/ {scale:.3g}) differs from the reference's",
-                 [g / scale], [e / scale], tol)  # fmt: skip
+        scale = max(1.0, float(np.abs(e).max(initial=0.0)))
+        what_g = f"{what}: the gradient of {name} (/ {scale:.3g}) differs from the reference's"
+        _compare(what_g, [g / scale], [e / scale], tol)
 
 
 def assert_paths_agree(
@@ -171,56 +166,41 @@ def assert_paths_agree(
 ) -> None:
     """Asserts that every path of a layer gives the outputs and gradients of a float64 reference.
 
-    The reference is `layer` rebuilt from its config under `"float64"` (every
-    dtype policy in the config replaced) with its weights and the `reference`
-    overrides, called eagerly on clean inputs: padded steps zeroed. A path is
-    `layer` rebuilt with one of `variants` (constructor overrides, e.g.
-    `{"implementation": "fused"}`) under one of `policies`, called eagerly or
-    compiled with XLA, on `inputs` holding one of `contents` at the padded
-    steps: `"huge"` (finite, near the largest value of the compute dtype),
-    `"inf"` (+-inf), `"nan"`, or `"zeros"` (the clean inputs). On each path:
-
-    - the compared outputs (all, or the rows of `output_mask`) equal the
-      reference's, to a tolerance by dtype (so they are finite);
-    - the outputs at `zero_rows` are exactly zero (in the reference too);
-    - with `gradients`, the gradients of `sum(c * outputs)` (fixed random
-      `c`, compared rows only) with respect to every float input and every
-      trainable weight are finite, exactly zero at the padded steps, and equal
-      the reference's (both divided by the reference's largest, if above 1).
-
-    The layers and XLA compilations of the paths are kept, and shared by the
-    checks that follow on layers of the same class and config.
+    The reference is `layer` rebuilt from its config in `"float64"` (every
+    dtype policy in it replaced) with the `reference` overrides and `layer`'s
+    weights, called eagerly on clean inputs (padded steps zeroed). A path is
+    `layer` rebuilt so with one of `variants` under one of `policies`, eager
+    or compiled with XLA, on `inputs` with one of `contents` at the padded
+    steps: `"huge"` (finite, near the compute dtype's largest), `"inf"`,
+    `"nan"` or `"zeros"`. Its outputs must equal the reference's (tolerance by
+    dtype) and be exactly zero at `zero_rows`; its gradients of `sum(c *
+    outputs)` (random `c`) with respect to each float input and trainable
+    weight must be finite, exactly zero at the padded steps, and equal the
+    reference's. Rebuilt layers and compilations are kept for later checks.
 
     Args:
-        layer: a Keras layer; built on `inputs` if it is not.
-        inputs, call_kwargs: see the module docstring (`inputs` include the
-            masks).
-        padding: dict `float input name -> bool (B, T)`, `True` = real step,
-            or the name of that mask in `inputs`. `None`: nothing is padded;
-            each path runs once, on `inputs`.
-        variants: constructor overrides, one per family of paths.
-        reference: constructor overrides of the float64 reference.
-        policies: dtype policies of the paths.
-        contents: written into the padded steps, one run each.
-        jit_compile: `False` (eager), `True` (XLA), or both.
-        gradients: check the gradients too (they are computed either way).
-        output_mask: bool `(B, T)` or the name of an input: outputs whose
-            leading axes are `(B, T)` are compared only where it is `True`
-            (the padded rows of a residual block are not defined).
+        layer: a Keras layer whose config round-trips; built on `inputs`.
+        inputs, call_kwargs: see the module docstring.
+        padding: dict `float input name -> bool (B, T)` (`True` = real step)
+            or the name of that mask in `inputs`; `None`: nothing padded.
+        variants, reference: constructor overrides, one per family of paths
+            (`{"implementation": "fused"}`); the reference's.
+        policies, contents, jit_compile: the paths' dtype policies; what the
+            padded steps hold, one run each; `False` (eager) and/or `True`.
+        gradients: check the gradients too.
+        output_mask: bool `(B, T)` or an input's name: outputs with leading
+            axes `(B, T)` are compared where it is `True` (a residual block's
+            padded rows are not defined); the loss covers those rows only.
         zero_rows: bool array: outputs whose leading axes have its shape must
-            be exactly zero where it is `True` (padded query rows, rows that
-            see no key, every row when `Tv = 0`).
-        atol: absolute and relative tolerance; `None` picks one by dtype.
-        seed: of the cotangents `c`.
-
-    Returns:
-        None.
+            be exactly 0 where it is `True` (padded query rows, rows that see
+            no key, every row when `Tv = 0`); the reference's too.
+        atol: tolerance (absolute and relative); `None` picks one by dtype.
+        seed: of `c`.
 
     Raises:
         AssertionError: naming the layer, the path (variant, policy, eager or
             XLA, content), the output or gradient and the largest difference.
-        ValueError: `padding` naming a non-float input, an unknown content, a
-            variant with other weights than `layer`.
+        ValueError: `padding` of a non-float input, an unknown content.
 
     Example:
 
@@ -230,7 +210,7 @@ def assert_paths_agree(
     >>> testing.assert_paths_agree(
     ...     keras_attn.MultiHeadAttention(2, 4), {"query": x, "value": x, "value_mask": mask},
     ...     {"value": "value_mask"}, variants=[{"implementation": "fused"}],
-    ...     reference={"implementation": "dense"}, policies=["mixed_float16"])
+    ...     reference={"implementation": "dense"}, policies=["mixed_float16"], gradients=False)
     """
     _backend("assert_paths_agree (gradients, XLA)")
     inputs = _as_arrays(inputs)
@@ -243,94 +223,90 @@ def assert_paths_agree(
         )
     keep, zero = (None if m is None else np.asarray(inputs[m] if isinstance(m, str) else m, bool)
                   for m in (output_mask, zero_rows))  # fmt: skip
-    padded = {f"input `{n}`": ~real for n, real in marks.items()}
-    clean = {n: _adversarial(x, ~marks[n], "zeros", x.dtype) if n in marks else x
-             for n, x in inputs.items()}  # fmt: skip
-    kwargs, name = dict(call_kwargs or {}), type(layer).__name__
-    as_tensors = lambda arrays: {n: keras.ops.convert_to_tensor(x) for n, x in arrays.items()}  # noqa: E731
-    if not layer.built:
-        _call(layer, as_tensors(clean), kwargs)
-    names = [f"input `{n}`" for n in floats] + [f"weight `{w.path}`" for w in layer.trainable_weights]
-    shapes = [inputs[n].shape for n in floats] + [w.shape for w in layer.trainable_weights]
+    keep_tensor = None if keep is None else keras.ops.convert_to_tensor(keep)
 
-    # The reference: float64, eager, on the clean inputs.
-    wide = as_tensors({n: x.astype("float64") if n in floats else x for n, x in clean.items()})
-    ref_layer, step = _path(layer, dict(reference or {}), "float64", False, wide, floats, kwargs)
-    probe = _flatten(_call(ref_layer, wide, kwargs))
-    rng = np.random.default_rng(seed)
-    cotangents = [rng.normal(size=tuple(t.shape)) if _is_float(t.dtype) else None for t in probe]
-    keep_t = None if keep is None else keras.ops.convert_to_tensor(keep)
-    outputs, grads = step(wide, keep_t, [None if c is None else keras.ops.convert_to_tensor(c)
-                                         for c in cotangents])  # fmt: skip
-    expected = [np.asarray(keras.ops.convert_to_numpy(t)) for t in outputs]
-    expected_grads = _arrays(grads, shapes, "float64")
+    def tensors(content, dtype=None, wide=False):
+        arrays = {n: _adversarial(x, ~marks[n], content, dtype) if n in marks else x
+                  for n, x in inputs.items()}  # fmt: skip
+        cast = {n: x.astype("float64") if wide and n in floats else x for n, x in arrays.items()}
+        return {n: keras.ops.convert_to_tensor(x) for n, x in cast.items()}
+
+    kwargs, name = dict(call_kwargs or {}), type(layer).__name__
+    if not layer.built:
+        _call(layer, tensors("zeros"), kwargs)
+    weights = layer.trainable_weights
+    names = [f"input `{n}`" for n in floats] + [f"weight `{w.path}`" for w in weights]
+    shapes = [inputs[n].shape for n in floats] + [w.shape for w in weights]
+    padded = [~marks[n] if n in marks else None for n in floats] + [None] * len(weights)
+
+    def numpy(tensors, dtype, shapes=None):  # a `None` gradient as zeros of its shape
+        if shapes is None:
+            return [np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(t, dtype))) if
+                    _is_float(t.dtype) else _to_numpy(t) for t in tensors]  # fmt: skip
+        return [np.zeros(s, dtype) if t is None else numpy([t], dtype)[0]
+                for t, s in zip(tensors, shapes, strict=True)]  # fmt: skip
+
+    with _float64():  # the reference: float64, eager, on the clean inputs
+        clean = tensors("zeros", wide=True)
+        ref, step = _path(layer, dict(reference or {}), "float64", clean, floats, kwargs, False)
+        rng = np.random.default_rng(seed)
+        probe = _flatten(_call(ref, clean, kwargs))
+        cotangents = [keras.ops.convert_to_tensor(rng.normal(size=tuple(t.shape)))
+                      if _is_float(t.dtype) else None for t in probe]  # fmt: skip
+        outputs, grads = step(clean, keep_tensor, cotangents, gradients)
+        expected = numpy(outputs, "float64")
+        expected_grads = numpy(grads, "float64", shapes) if gradients else []
     what = f"{name}: the float64 reference, on clean inputs"
     for i, out in enumerate(expected):
         if _is_float(out.dtype) and not np.all(np.isfinite(out)):
             raise AssertionError(f"{what}: output {i} is not finite")
-    _check_outputs(what, expected, expected, 0.0, None, zero)
-    if gradients:
-        _check_gradients(what, expected_grads, names, expected_grads, padded, 0.0)
+    checked = zip(names, expected_grads, expected_grads, padded, strict=False)
+    _check(what, expected, expected, 0.0, None, zero, checked)
 
-    cotangents = [None if c is None else keras.ops.convert_to_tensor(c.astype("float32"))
-                  for c in cotangents]  # fmt: skip
+    cotangents = [None if c is None else keras.ops.cast(c, "float32") for c in cotangents]
     for overrides in variants:
         variant = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "default"
         for policy in policies:
             for jit in jit_compile:
-                path, step = _path(layer, dict(overrides), policy, jit, as_tensors(inputs),
-                                   floats, kwargs)  # fmt: skip
+                path, step = _path(layer, overrides, policy, tensors("zeros"), floats, kwargs, jit)
                 for content in contents if marks else ("no",):
-                    sources = {n: _adversarial(x, ~marks[n], content, path.compute_dtype)
-                               if n in marks else x for n, x in inputs.items()}  # fmt: skip
-                    what = (f"{name} [{variant}, {policy}, {'XLA' if jit else 'eager'}, "
-                            f"{content} content at padded steps]")  # fmt: skip
-                    outputs, grads = step(as_tensors(sources), keep_t, cotangents)
+                    sources = tensors(content, path.compute_dtype)
+                    outputs, grads = step(sources, keep_tensor, cotangents, gradients)
+                    grads = numpy(grads, "float32", shapes) if gradients else []
+                    checked = zip(names, grads, expected_grads, padded, strict=False)
                     tol = _tolerance(atol, [keras.backend.standardize_dtype(t.dtype)
                                             for t in outputs])  # fmt: skip
-                    _check_outputs(what, [_to_numpy(t) for t in outputs], expected, tol, keep,
-                                   zero)  # fmt: skip
-                    if gradients:
-                        grads = _arrays(grads, shapes, "float32")
-                        _check_gradients(what, grads, names, expected_grads, padded, tol)
+                    mode = "XLA" if jit else "eager"
+                    what = (
+                        f"{name} [{variant}, {policy}, {mode}, {content} content at padded steps]"
+                    )
+                    _check(what, numpy(outputs, "float32"), expected, tol, keep, zero, checked)
 
 
-def _cached_calls(layer, with_source):
-    """`(full, step, empty_cache)` for keras-attn's two cached call signatures.
+def _cached_calls(layer):
+    """`(call, empty_cache)`: `call(x, mask, cache, index, source, source_mask, cross)`.
 
-    `full(x, mask, source, source_mask)` is the causal pass;
-    `step(x, mask, cache, index, source, source_mask, cross) -> (out, cache, cross)`.
+    Without a cache, the full causal pass; with one, `(out, cache, cross)`: a
+    `MultiHeadAttention` (`cache=`) or a decoder block (`self_attention_cache=`).
     """
-    if hasattr(layer, "empty_cache"):  # MultiHeadAttention: `cache=`, `cache_update_index=`
-        if with_source:
-            raise ValueError("A `MultiHeadAttention` decodes without an `encoder_sequence`.")
-        causal = lambda x, m: {"query_mask": m, "value_mask": m, "use_causal_mask": True}  # noqa: E731
+    if hasattr(layer, "empty_cache"):
 
-        def step(x, mask, cache, index, source, source_mask, cross):
-            out, cache = layer(x, x, **causal(x, mask), cache=cache, cache_update_index=index)
-            return out, cache, cross
+        def call(x, mask, cache=None, index=None, *source_and_cross):
+            masks = {"query_mask": mask, "value_mask": mask, "use_causal_mask": True}
+            if cache is None:
+                return layer(x, x, **masks)
+            return (*layer(x, x, **masks, cache=cache, cache_update_index=index), None)
 
-        return lambda x, mask, *_: layer(x, x, **causal(x, mask)), step, layer.empty_cache
+        return call, layer.empty_cache
 
-    def full(x, mask, source, source_mask):  # a decoder block: `self_attention_cache=`, ...
-        return layer(x, source, decoder_padding_mask=mask, encoder_padding_mask=source_mask)
+    def call(x, mask, cache=None, index=None, source=None, source_mask=None, cross=None):
+        cached = {"self_attention_cache": cache, "self_attention_cache_update_index": index}
+        cached = {} if cache is None else {**cached, "cross_attention_cache": cross}
+        return layer(
+            x, source, decoder_padding_mask=mask, encoder_padding_mask=source_mask, **cached
+        )
 
-    def step(x, mask, cache, index, source, source_mask, cross):
-        return layer(x, source, decoder_padding_mask=mask, encoder_padding_mask=source_mask,
-                     self_attention_cache=cache, self_attention_cache_update_index=index,
-                     cross_attention_cache=cross)  # fmt: skip
-
-    return full, step, lambda batch, length: layer.self_attention.empty_cache(batch, length)
-
-
-def _filled(cache, content, dtype):
-    """`cache` (a `KVCache`) with `content` in every key and value."""
-
-    def fill(c):
-        values = _adversarial(_to_numpy(c), np.ones(c.shape[:3], bool), content, dtype)
-        return keras.ops.cast(keras.ops.convert_to_tensor(values), c.dtype)
-
-    return cache._replace(key=fill(cache.key), value=fill(cache.value))
+    return call, lambda batch, length: layer.self_attention.empty_cache(batch, length)
 
 
 def assert_cached_decoding_agrees(
@@ -347,38 +323,27 @@ def assert_cached_decoding_agrees(
 ) -> None:
     """Asserts that a padded prefill, then one step at a time, gives the full causal pass.
 
-    The full pass runs eagerly on the clean `sequence` (padded steps zeroed).
-    Then `layer.empty_cache` (or its `self_attention`'s), holding `contents`
-    at every position (none valid yet), takes the prompt `sequence[:, :P]` at
-    index 0, and the next steps one at a time at indices `P, ..., T - 1`, with
-    `contents` at the padded steps of the sequence (and of the encoder
-    sequence); eagerly, and under XLA with a tensor index. At the real steps
-    the outputs must equal the full pass's.
-
-    Two cached call signatures are known: a `keras_attn.MultiHeadAttention`
-    (`layer(x, x, query_mask=m, value_mask=m, use_causal_mask=True,
-    cache=..., cache_update_index=i) -> (out, cache)`) and a
-    `keras_attn.TransformerDecoderBlock` (`self_attention_cache=...`,
-    `self_attention_cache_update_index=i`, `cross_attention_cache=...`; the
-    first step passes the encoder sequence).
+    The full causal pass runs eagerly on the clean `sequence`. Then an empty
+    cache holding `contents` everywhere takes the prompt `sequence[:, :P]` at
+    index 0 and the next steps one at a time (eagerly, and under XLA with a
+    tensor index), `contents` at the padded steps of the sequence and source;
+    at the real steps the outputs must be the full pass's. `layer`: a
+    `keras_attn.MultiHeadAttention` (`cache=`, `cache_update_index=`) or a
+    `keras_attn.TransformerDecoderBlock` (`self_attention_cache=`, ...).
 
     Args:
         layer: the layer; built by the full pass if it is not.
-        sequence: float `(B, T, d)`.
-        padding_mask: bool `(B, T)`, `True` = real token; padding anywhere.
+        sequence, padding_mask: float `(B, T, d)`; bool `(B, T)`, `True` =
+            real token, padding anywhere.
         prompt_length: `P`, the steps prefilled at once; `T // 2` by default.
         encoder_sequence, encoder_padding_mask: a decoder block's source
             `(B, S, d)` and its bool `(B, S)` mask (all real by default).
-        contents: `"huge"`, `"inf"`, `"nan"` or `"zeros"`, one run each.
-        jit_compile: `False` (eager), `True` (XLA), or both.
-        atol: tolerance; `None` picks one by the output dtype.
-
-    Returns:
-        None.
+        contents, jit_compile, atol: as in `assert_paths_agree`.
 
     Raises:
         AssertionError: naming the run (eager or XLA, content) and the largest
             difference.
+        ValueError: shapes that do not match, a prompt length out of range.
 
     Example:
 
@@ -390,36 +355,49 @@ def assert_cached_decoding_agrees(
     x, mask = np.asarray(sequence), np.asarray(padding_mask, bool)
     (batch, length), name = mask.shape, type(layer).__name__
     prompt = length // 2 if prompt_length is None else prompt_length
+    source = None if encoder_sequence is None else np.asarray(encoder_sequence)
     if not 1 <= prompt <= length or x.shape[:2] != mask.shape:
         raise ValueError(
-            f"`padding_mask` must be (B, T) of `sequence`, and 1 <= prompt_length <= T. Received: "
-            f"sequence.shape={x.shape}, padding_mask.shape={mask.shape}, prompt_length={prompt}"
+            f"`padding_mask` must be the (B, T) of `sequence`, and 1 <= prompt_length <= T. "
+            f"Received: shapes {x.shape}, {mask.shape}, prompt_length={prompt}"
         )
-    source = None if encoder_sequence is None else np.asarray(encoder_sequence)
-    source_mask = None if source is None else np.ones(source.shape[:2], bool)
-    if source is not None and encoder_padding_mask is not None:
-        source_mask = np.asarray(encoder_padding_mask, bool)
-    full, step, empty_cache = _cached_calls(layer, source is not None)
-    t = lambda a: None if a is None else keras.ops.convert_to_tensor(a)  # noqa: E731
-    pad = lambda a, m, c: None if a is None else _adversarial(a, ~m, c, layer.compute_dtype)  # noqa: E731
-    expected = [_to_numpy(full(t(pad(x, mask, "zeros")), t(mask), t(pad(source, source_mask,
-                "zeros")), t(source_mask)))]  # fmt: skip
-    tol = _tolerance(atol, [keras.backend.standardize_dtype(layer.compute_dtype)])
+    if source is not None and hasattr(layer, "empty_cache"):
+        raise ValueError("A `MultiHeadAttention` decodes without an `encoder_sequence`.")
+    real = None if source is None else np.ones(source.shape[:2], bool)
+    real = real if encoder_padding_mask is None else np.asarray(encoder_padding_mask, bool)
+    call, empty_cache = _cached_calls(layer)
+    as_tensor = lambda a: None if a is None else keras.ops.convert_to_tensor(a)  # noqa: E731
+    dtype, m, sm = layer.compute_dtype, as_tensor(mask), as_tensor(real)
+
+    def padded(content):  # the sequence and the source, with `content` at their padded steps
+        pairs = ((x, mask), (source, real))
+        return [
+            a if a is None else as_tensor(_adversarial(a, ~r, content, dtype)) for a, r in pairs
+        ]
+
+    def empty(content):  # an empty cache (nothing valid) holding `content` everywhere
+        cache = empty_cache(batch, length)
+        fill = [_adversarial(_to_numpy(c), np.ones(c.shape[:3], bool), content, dtype)
+                for c in (cache.key, cache.value)]  # fmt: skip
+        key, value = (keras.ops.cast(as_tensor(f), cache.key.dtype) for f in fill)
+        return cache._replace(key=key, value=value)
+
+    clean, source_clean = padded("zeros")
+    expected = [_to_numpy(call(clean, m, None, None, source_clean, sm))]
+    tol = _tolerance(atol, [keras.backend.standardize_dtype(dtype)])
     for jit in jit_compile:
-        run = _compile(step, layer.variables) if jit else step
-        index = (lambda i: keras.ops.convert_to_tensor(i, "int32")) if jit else (lambda i: i)
+        run = _compile(call, layer.variables) if jit else call
+        index = (lambda i: as_tensor(np.int32(i))) if jit else (lambda i: i)
         for content in contents:
-            xs, cache = pad(x, mask, content), empty_cache(batch, length)
-            cache = _filled(cache, content, layer.compute_dtype)
-            out, cache, cross = run(t(xs[:, :prompt]), t(mask[:, :prompt]), cache, index(0),
-                                    t(pad(source, source_mask, content)), t(source_mask), None)  # fmt: skip
+            (xs, src), cache = padded(content), empty(content)
+            out, cache, cross = run(xs[:, :prompt], m[:, :prompt], cache, index(0), src, sm, None)
             outputs = [out]
             for i in range(prompt, length):
-                out, cache, cross = run(t(xs[:, i : i + 1]), t(mask[:, i : i + 1]), cache,
-                                        index(i), None, None, cross)  # fmt: skip
+                new = (xs[:, i : i + 1], m[:, i : i + 1], cache, index(i))
+                out, cache, cross = run(*new, None, None, cross)
                 outputs.append(out)
             actual = [np.concatenate([_to_numpy(o) for o in outputs], axis=1)]
-            what = (f"{name} [cached decoding, prompt of {prompt}, {'XLA' if jit else 'eager'}, "
-                    f"{content} content at padded steps and in the empty cache]")  # fmt: skip
-            _compare(f"{what}: a step differs from the full causal pass", actual, expected, tol,
-                     mask)  # fmt: skip
+            mode = "XLA" if jit else "eager"
+            what = f"{name} [cached decoding, prompt of {prompt}, {mode}, {content} content at "
+            what += "padded steps and in the empty cache]: a step differs from the full causal pass"
+            _compare(what, actual, expected, tol, mask)
