@@ -10,7 +10,6 @@ usually ends with one more `LayerNormalization`). Residuals go through
 
 import keras
 
-from keras_attn import masks
 from keras_attn.arguments import (
     check_dim,
     check_floating,
@@ -385,9 +384,6 @@ class TransformerEncoderBlock(_TransformerBlock):
     ):
         self._check_sequence("inputs", inputs, self._width, "padding_mask", padding_mask)
         self.set_output_mask(padding_mask)
-        # Padded steps zeroed: whatever they hold reaches no gradient through the
-        # residuals and norms (an explicit mask; an implicit one reaches the attention).
-        inputs = masks.zero_padded(inputs, padding_mask)
         weights = []
 
         def attend(x):

@@ -2,7 +2,6 @@
 
 import keras
 
-from keras_attn import masks
 from keras_attn.cache import KVCache, as_kv_cache
 from keras_attn.transformer import _BLOCK_ARGS, _TransformerBlock
 
@@ -166,10 +165,6 @@ class TransformerDecoderBlock(_TransformerBlock):
                 encoder_padding_mask,
             )  # fmt: skip
         self.set_output_mask(decoder_padding_mask)
-        # Padded steps zeroed (explicit masks): nothing they hold reaches a gradient.
-        decoder_sequence = masks.zero_padded(decoder_sequence, decoder_padding_mask)
-        if encoder_sequence is not None:
-            encoder_sequence = masks.zero_padded(encoder_sequence, encoder_padding_mask)
         weights, caches = [], []
 
         def self_attend(x):
