@@ -13,6 +13,9 @@ from keras_attn.key_value_attention import KeyValueAttention
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.pointer_attention import PointerAttention
 from keras_attn.pooling import AttentionPooling
+
+# PositionBias: the base class of the position biases (importable, not a layer to use as is).
+from keras_attn.position_bias import AlibiBias, PositionBias, RelativePositionBias
 from keras_attn.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -24,6 +27,7 @@ from keras_attn.transformer_decoder import TransformerDecoderBlock
 
 __all__ = [
     "AdditiveAttention",
+    "AlibiBias",
     "AttentionPooling",
     "BilinearAttention",
     "DotAttention",
@@ -34,6 +38,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "PointerAttention",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "ScaledDotAttention",
     "ScoreAttention",

@@ -14,6 +14,7 @@ from keras import ops as kops
 from keras_attn import masks, scores
 from keras_attn import ops as attn_ops
 from keras_attn.arguments import check_dim, check_floating, check_rank, check_rate
+from keras_attn.kernels import bias as kernel_bias
 from keras_attn.kernels import finite
 from keras_attn.masks import check_mask_dtype
 
@@ -124,6 +125,28 @@ def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_cau
     return query, mask, single_query
 
 
+def add_bias(scores, attention_bias, single_query=False):
+    """`scores (B, Tq, Tv)` plus `attention_bias` in float32 (`keras_attn.kernels.bias`), or `scores`."""
+    if attention_bias is None:
+        return scores
+    terms = attention_bias if isinstance(attention_bias, (tuple, list)) else (attention_bias,)
+    if single_query:  # a (B, Tv) bias of a rank-2 query
+        terms = tuple(
+            kops.expand_dims(b, -2) if hasattr(b, "shape") and len(b.shape) == 2 else b
+            for b in terms
+        )
+    bias = kernel_bias.as_bias(tuple(terms), scores.shape, name="attention_bias")
+    if bias is None:
+        return scores
+    query_length, value_length = kops.shape(scores)[-2], kops.shape(scores)[-1]
+    full = bias.full(
+        kernel_bias.query_positions(query_length, value_length),
+        kernel_bias.key_positions(value_length),
+        num_heads=1,
+    )
+    return kops.cast(scores, "float32") + full
+
+
 def finish_outputs(output, weights, mask, single_query, return_attention_scores):
     """The epilogue every attention layer's `call` shares.
 
@@ -217,6 +240,12 @@ class ScoreAttention(QueryMaskOutput, keras.layers.Layer):
         use_causal_mask: query `i` sees keys `j <= i + Tv - Tq` only.
         return_attention_scores: also return the weights.
         training: dropout (and sampling) on or off.
+        attention_bias: `None`, a float tensor `(B or 1, Tq, Tv)` (`(B, Tv)`
+            for a rank-2 query), a `keras_attn.PositionBias` with one head
+            (`AlibiBias()`, `RelativePositionBias(num_heads=1)`), or a tuple
+            of these: added to the scores (in float32) before the
+            normalization (`keras_attn.kernels.bias`). Masked positions keep
+            zero weight whatever their bias.
 
     Returns:
         Output `(B, Tq, dv)` (or `(B, dv)`), and with
@@ -291,6 +320,7 @@ class ScoreAttention(QueryMaskOutput, keras.layers.Layer):
         use_causal_mask=False,
         return_attention_scores=False,
         training=None,
+        attention_bias=None,
     ):
         key = value if key is None else key
         query, mask, single_query = prepare_inputs(
@@ -307,7 +337,9 @@ class ScoreAttention(QueryMaskOutput, keras.layers.Layer):
         query, key, value = self.project_inputs(query, key, value)
         scores = self.score_layer(query, key)  # (B, Tq, Tv)
         scores = finite.nan_scores_where_flagged(scores, kops.cast(flag, scores.dtype))
-        weights = self.normalize(scores, mask, training)
+        dtype = scores.dtype
+        scores = add_bias(scores, attention_bias, single_query)
+        weights = kops.cast(self.normalize(scores, mask, training), dtype)
         weights = attn_ops.dropout_weights(
             weights, self.dropout, training=training, seed=self.seed_generator
         )

@@ -8,6 +8,8 @@ functions and build no mask of their own:
   ragged and other non-tensor masks refused with the argument's name);
 - `causal_mask`: the one causal mask, for a whole `(Tq, Tv)` score matrix or
   for one block of keys (`key_start`), end-aligned or from a cache index;
+- `window_mask`, `position_mask`: the symmetric sliding window, and the
+  causal and window masks merged (what the kernels build from positions);
 - `positions_below`: the keys of a block that exist (a kernel's padding);
 - `fill_masked`: the one fill, replacing masked scores (whatever they hold:
   huge, inf, NaN) before any max or exp;
@@ -61,6 +63,48 @@ def causal_mask(query_length, value_length=None, query_start=None, key_start=0):
     rows = ops.arange(query_length, dtype="int32") + ops.cast(query_start, "int32")
     cols = ops.arange(value_length, dtype="int32") + ops.cast(key_start, "int32")
     return ops.expand_dims(rows, 1) >= ops.expand_dims(cols, 0)
+
+
+def window_mask(query_length, value_length, window, query_start=None, key_start=0):
+    """Boolean `(Tq, Tv)` band: query `i` sees keys `j` with `|query_start + i - (key_start + j)| < window`.
+
+    A symmetric sliding window (`keras.layers.MultiHeadAttention`'s
+    `sliding_window`), with the query positions of `causal_mask`
+    (`query_start` defaults to `Tv - Tq`); composed with the causal mask it is
+    the causal sliding window of Mistral or Longformer's local attention.
+    """
+    if query_start is None:
+        query_start = value_length - query_length
+    rows = ops.arange(query_length, dtype="int32") + ops.cast(query_start, "int32")
+    cols = ops.arange(value_length, dtype="int32") + ops.cast(key_start, "int32")
+    return ops.abs(ops.expand_dims(rows, 1) - ops.expand_dims(cols, 0)) < window
+
+
+def position_mask(
+    query_length, value_length, is_causal=False, window=None, query_start=None, key_start=0
+):
+    """The masks that are functions of positions, merged: causal and window; `None` if neither.
+
+    What a kernel builds whole (dense, fused) or per key block (chunked,
+    with the block's `key_start`).
+    """
+    parts = []
+    if is_causal:
+        parts.append(causal_mask(query_length, value_length, query_start, key_start))
+    if window is not None:
+        parts.append(window_mask(query_length, value_length, window, query_start, key_start))
+    return merge_masks(*parts)
+
+
+def check_window(window, name="window"):
+    """`window` as a positive int or `None`; `ValueError` naming `name` otherwise."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window <= 0:
+        raise ValueError(
+            f"`{name}` must be None or a positive integer. Received: {name}={window!r}"
+        )
+    return int(window)
 
 
 def positions_below(length, size, start=0):
@@ -213,13 +257,16 @@ def visible_query_rows(
     attention_mask=None,
     use_causal_mask=False,
     query_start=None,
+    window=None,
 ):
     """`visible_rows(compute_attention_mask(...))` without the `(Tq, Tv)` mask.
 
-    With only a query mask, a value mask and the causal mask, whether row `i`
-    sees a key is `query_mask[i]` and "some visible key `j <= query_start + i`"
-    (`query_start` as in `causal_mask`), read from a running count of the value
-    mask: `O(Tq + Tv)`. An explicit `attention_mask` is already
+    With only a query mask, a value mask and the position masks (causal,
+    `window`), row `i` sees a key when `query_mask[i]` and some visible key
+    lies in its range `[lo_i, hi_i]` (`hi_i = p_i` when causal, `p_i + window - 1`
+    with a window, else `Tv - 1`; `lo_i = p_i - window + 1` with a window, else
+    0; `p_i = query_start + i` as in `causal_mask`), counted from a running sum
+    of the value mask: `O(Tq + Tv)`. An explicit `attention_mask` is already
     `(B, Tq, Tv)`, so then the masks are merged. With `Tv = 0` no row sees a
     key.
 
@@ -228,26 +275,34 @@ def visible_query_rows(
     """
     empty = isinstance(value_length, int) and value_length == 0
     if attention_mask is not None or empty:
-        if query_start is not None and use_causal_mask:
-            causal = causal_mask(query_length, value_length, query_start)[None]
-            attention_mask, use_causal_mask = merge_masks(attention_mask, causal), False
-        mask = compute_attention_mask(
-            query_length, value_length, query_mask, value_mask, attention_mask, use_causal_mask
-        )
+        positions = position_mask(query_length, value_length, use_causal_mask, window, query_start)
+        attention_mask = merge_masks(attention_mask, None if positions is None else positions[None])
+        mask = compute_attention_mask(query_length, value_length, query_mask, value_mask, attention_mask)
         if mask is None:  # Tv = 0 and nothing else to mask
             return ops.zeros((1, 1, 1), "bool")
         return visible_rows(mask)
     value_mask = as_bool_mask(value_mask, "value_mask")
     seen = None
-    if use_causal_mask:
+    if use_causal_mask or window is not None:
         start = value_length - query_length if query_start is None else query_start
-        last = ops.arange(query_length, dtype="int32") + ops.cast(start, "int32")  # (Tq,)
+        p = ops.arange(query_length, dtype="int32") + ops.cast(start, "int32")  # (Tq,)
+        hi = p if use_causal_mask else None
+        lo = None
+        if window is not None:
+            hi = ops.minimum(hi, p + window - 1) if hi is not None else p + window - 1
+            lo = ops.maximum(p - window + 1, 0)
+        hi = ops.minimum(hi, value_length - 1)
+        lo = ops.zeros_like(p) if lo is None else lo
+        nonempty = ops.expand_dims(ops.logical_and(hi >= lo, hi >= 0), 0)  # (1, Tq)
         if value_mask is None:
-            seen = ops.expand_dims(ops.logical_and(last >= 0, value_length > 0), 0)  # (1, Tq)
+            seen = nonempty
         else:
-            counts = ops.cumsum(ops.cast(value_mask, "int32"), axis=-1)
-            before = ops.take(counts, ops.clip(last, 0, value_length - 1), axis=-1)  # (B, Tq)
-            seen = ops.logical_and(before > 0, ops.expand_dims(last >= 0, 0))
+            counts = ops.cumsum(ops.cast(value_mask, "int32"), axis=-1)  # (B, Tv)
+            last = value_length - 1
+            upto_hi = ops.take(counts, ops.clip(hi, 0, last), axis=-1)  # (B, Tq)
+            below_lo = ops.take(counts, ops.clip(lo - 1, 0, last), axis=-1)
+            below_lo = ops.where(ops.expand_dims(lo > 0, 0), below_lo, 0)
+            seen = ops.logical_and(upto_hi - below_lo > 0, nonempty)
     elif value_mask is not None:
         seen = ops.any(value_mask, axis=-1, keepdims=True)  # (B, 1)
     elif not isinstance(value_length, int):  # a length known only at run time may be 0

@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops, random
 
 from keras_attn.kernels import KERNELS, finite, masked_softmax
+from keras_attn.kernels import bias as kernel_bias
 from keras_attn.kernels._shapes import check_qkv, swap_last
 from keras_attn.masks import (
     as_bool_mask,
@@ -29,12 +30,14 @@ from keras_attn.masks import (
     causal_mask,
     check_mask_broadcast,
     check_mask_dtype,
+    check_window,
     chosen_positions_mask,
     compute_attention_mask,
     fill_masked,
     merge_masks,
     visible_query_rows,
     visible_rows,
+    window_mask,
 )
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "additive_score",
     "as_bool_mask",
     "attention",
+    "window_mask",
     "attention_heads_mask",
     "bilinear_score",
     "causal_mask",
@@ -273,8 +277,10 @@ def attention(
     implementation="auto",
     return_weights=True,
     query_start=None,
+    window=None,
+    bias=None,
 ):
-    """Scaled dot-product attention `softmax(q k^T * scale) v`, masks included.
+    """Scaled dot-product attention `softmax(q k^T * scale + bias) v`, masks included.
 
     The one place that chooses a kernel (`keras_attn.kernels`); every layer
     with dot-product heads calls it.
@@ -302,6 +308,19 @@ def attention(
         query_start: the position of the first query among the keys for the
             causal mask; `None` means `Tv - Tq` (end-aligned). A cached
             decoding step passes its cache index.
+        window: `None`, or a positive int: a symmetric sliding window, query
+            `i` sees only keys `j` with `|query_start + i - j| < window`
+            (`keras_attn.masks.window_mask`; composed with the other masks,
+            built per key block by the chunked kernel).
+        bias: `None`; a float tensor broadcastable to `(..., Tq, Tv)`; a
+            `keras_attn.PositionBias` layer (e.g. `keras_attn.AlibiBias`,
+            `keras_attn.RelativePositionBias`), a function of the query
+            positions (those of the causal mask) and key positions that each
+            kernel evaluates where it needs it (the chunked kernel per key
+            block, never the `(Tq, Tv)` tensor); or a tuple of these, summed.
+            Added to the scaled scores in float32 before the masked softmax
+            (`keras_attn.kernels.bias`). A bias is not a mask: masked
+            positions get zero weight whatever their bias.
 
     Returns:
         `(output, weights)`: output `(..., Tq, dv)`, weights `(..., Tq, Tv)`
@@ -315,7 +334,8 @@ def attention(
             ranks, a `mask` whose static shape does not broadcast to
             `(..., Tq, Tv)`, mismatched widths, a kernel that cannot give
             what the call asks (see `choose_implementation`).
-        TypeError: a float `mask`.
+        TypeError: a float `mask`; a `bias` that is neither a float tensor
+            nor a position bias.
 
     Example:
 
@@ -323,17 +343,29 @@ def attention(
     >>> out, w = keras_attn.ops.attention(q, q, q, is_causal=True)
     >>> print(out.shape, w.shape)
     (2, 4, 8) (2, 4, 4)
+
+    A causal sliding window of 2 with ALiBi, on 4 heads:
+
+    >>> q = keras.random.normal((1, 4, 6, 8))
+    >>> out, w = keras_attn.ops.attention(
+    ...     q, q, q, is_causal=True, window=2, bias=keras_attn.AlibiBias())
+    >>> print(keras.ops.convert_to_numpy(w[0, 0] > 0).astype(int)[3])
+    [0 0 1 1 0 0]
     """
     check_qkv(query, key, value)
     scores_shape = (*query.shape[:-1], key.shape[-2])
     mask = as_bool_mask(mask)
     if mask is not None:
         check_mask_broadcast(mask, scores_shape)
+    window = check_window(window)
+    bias = kernel_bias.as_bias(bias, scores_shape)
     name = choose_implementation(
         implementation, scores_shape, dropout_rate, training, return_weights
     )
     dropout = None
     if _dropout_active(dropout_rate, training):
         dropout = lambda w: random.dropout(w, dropout_rate, seed=seed)  # noqa: E731
-    output, weights = KERNELS[name](query, key, value, mask, is_causal, query_start, scale, dropout)
+    output, weights = KERNELS[name](
+        query, key, value, mask, is_causal, query_start, scale, dropout, window, bias
+    )
     return output, weights if return_weights else None

@@ -52,3 +52,52 @@ def causal(tq, tv):
 def attend(scores, value, mask=None):
     w = softmax_masked(scores, mask)
     return w @ value, w
+
+
+def band(tq, tv, window, query_start=None):
+    """Sliding window: query `p_i = query_start + i` sees key `j` iff `|p_i - j| < window`."""
+    start = tv - tq if query_start is None else query_start
+    rows = np.arange(tq)[:, None] + start
+    return np.abs(rows - np.arange(tv)[None, :]) < window
+
+
+def alibi(num_heads, tq, tv, alibi_bias_max=8, query_start=None):
+    """ALiBi (Press et al. 2022): `-m_h |p_i - j|`, slopes `2^(-8 k / h)` (k = 1..h) for h a
+    power of two; otherwise those of the power of two below, then every other one of twice it."""
+
+    def slopes(n):
+        if np.log2(n).is_integer():
+            return [2.0 ** (-alibi_bias_max * k / n) for k in range(1, n + 1)]
+        low = 2 ** int(np.floor(np.log2(n)))
+        return slopes(low) + slopes(2 * low)[0::2][: n - low]
+
+    start = tv - tq if query_start is None else query_start
+    distance = np.abs(np.arange(tq)[:, None] + start - np.arange(tv)[None, :])
+    return -np.array(slopes(num_heads))[:, None, None] * distance[None]
+
+
+def t5_bucket(relative_position, bidirectional, num_buckets, max_distance):
+    """T5's bucket of one `key - query` offset, as the paper's reference code computes it, in floats."""
+    n, bucket = -relative_position, 0
+    if bidirectional:
+        num_buckets //= 2
+        bucket = num_buckets if n < 0 else 0
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    exact = num_buckets // 2
+    if n < exact:
+        return bucket + n
+    large = exact + int(np.log(n / exact) / np.log(max_distance / exact) * (num_buckets - exact))
+    return bucket + min(large, num_buckets - 1)
+
+
+def t5_bias(table, tq, tv, bidirectional, max_distance, query_start=None):
+    """`bias[h, i, j] = table[bucket(j - p_i), h]`, with loops."""
+    num_buckets, heads = table.shape
+    start = tv - tq if query_start is None else query_start
+    out = np.zeros((heads, tq, tv))
+    for i in range(tq):
+        for j in range(tv):
+            out[:, i, j] = table[t5_bucket(j - (i + start), bidirectional, num_buckets, max_distance)]
+    return out

@@ -33,6 +33,7 @@ import keras
 from keras import ops
 
 from keras_attn import masks
+from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
 from keras_attn.kernels._shapes import check_qkv, default_scale, dims, swap_last
 
@@ -86,6 +87,8 @@ def chunked_attention(
     query_start=None,
     scale=None,
     dropout=None,
+    window=None,
+    bias=None,
     block_size=None,
 ):
     """Scaled dot-product attention in key blocks with an online softmax.
@@ -104,6 +107,12 @@ def chunked_attention(
             sliced per block along its key axis: pass a key-padding mask as
             `(..., 1, Tv)` to keep memory `O(Tv)`.
         dropout: must be `None` (this kernel has no dropout).
+        window: as `dense_attention`; built per block (`keras_attn.masks.position_mask`).
+        bias: as `dense_attention`; per block, a tensor is sliced along its
+            key axis and a position bias is evaluated at the block's
+            positions only, so no `(Tq, Tv)` bias is ever formed. Its
+            gradient (a tensor's, a learned position bias's parameters') is
+            accumulated block by block.
         block_size: keys per block `Bk`; `None` picks one so that a float32
             `(..., Tq, Bk)` tile holds about `TILE_ELEMENTS` values.
 
@@ -154,6 +163,11 @@ def chunked_attention(
     mask = masks.as_bool_mask(mask)
     if mask is not None and mask.shape[-1] != 1:
         mask = _pad_axis(mask, -1, pad, False)
+    if bias is not None:  # tensors padded to whole blocks, like the keys
+        bias = bias.with_inputs(
+            [t if t.shape[-1] == 1 else _pad_axis(t, -1, pad) for t in bias.tensors]
+            + [p for params in bias.parameters for p in params]
+        )
 
     def visible(j):
         """Boolean visibility of block `j`, broadcastable to `(..., Tq, Bk)`, or `None`."""
@@ -161,19 +175,42 @@ def chunked_attention(
         parts = []
         if mask is not None:
             parts.append(mask if mask.shape[-1] == 1 else _slice_axis(mask, -1, first, block))
-        if is_causal:
-            parts.append(masks.causal_mask(query_length, block, query_start, key_start=first))
+        parts.append(
+            masks.position_mask(query_length, block, is_causal, window, query_start, first)
+        )
         if tail:
             parts.append(masks.positions_below(value_length, block, start=first))
         return masks.merge_masks(*parts)
 
+    blocks = _Blocks(visible, block, num_blocks, bias, query_length, query_start, query)
     q = query * ops.cast(scale, query.dtype)  # scaling Tq * dk values, not Tq * Tv
-    return _attend(q, key, value, flag, visible, block, num_blocks), None
+    return _attend(q, key, value, flag, blocks), None
 
 
-def _scores(q, k_block, visible):
-    """The float32 `(..., Tq, Bk)` scores of one block, the masked ones replaced."""
-    return masks.fill_masked(ops.matmul(q, swap_last(k_block)), visible)
+class _Blocks:
+    """What one key block sees: its mask (`visible`) and its bias (`bias(j, b)`)."""
+
+    def __init__(self, visible, block, num_blocks, bias, query_length, query_start, query):
+        self.visible, self.block, self.num_blocks, self.bias = visible, block, num_blocks, bias
+        if bias is not None:
+            self.query_positions = bias_lib.query_positions(query_length, None, query_start)
+            self.num_heads = bias_lib.num_heads_of(query)
+
+    def bias_of(self, j, bias):
+        """The float32 bias of block `j` from `bias` (a `Bias` whose inputs are the traced ones)."""
+        if bias is None:
+            return None
+        first = j * self.block
+        keys = bias_lib.key_positions(self.block, first)
+        return bias.block(self.query_positions, keys, first, self.block, self.num_heads, _slice_axis)
+
+
+def _scores(q, k_block, visible, bias=None):
+    """The float32 `(..., Tq, Bk)` scores of one block, biased, the masked ones replaced."""
+    scores = ops.matmul(q, swap_last(k_block))
+    if bias is not None:
+        scores = ops.cast(scores, "float32") + bias
+    return masks.fill_masked(scores, visible)
 
 
 def _fori_loop(num_blocks, body, init):
@@ -196,27 +233,31 @@ def _fori_loop(num_blocks, body, init):
     return ops.fori_loop(0, num_blocks, body, init)
 
 
-def _attend(q, k, v, flag, visible, block, num_blocks):
+def _attend(q, k, v, flag, blocks):
+    bias_inputs = [] if blocks.bias is None else blocks.bias.inputs()
+
     @ops.custom_gradient
-    def attend(q, k, v):
+    def attend(q, k, v, *bias_inputs):
         # The forward pass on stopped inputs: an eager GradientTape would
         # otherwise record every block's ops and keep their (Tq, Bk) tiles
         # alive (O(Tq Tv) memory; measured at L=8192: 4.5 GiB instead of 1.2).
-        stopped = (ops.stop_gradient(x) for x in (q, k, v))
-        out, lse, seen = _forward(*stopped, flag, visible, block, num_blocks)  # out: float32
+        stopped = [ops.stop_gradient(x) for x in (q, k, v, *bias_inputs)]
+        bias = None if blocks.bias is None else blocks.bias.with_inputs(stopped[3:])
+        out, lse, seen = _forward(*stopped[:3], flag, blocks, bias)  # out: float32
 
         def grad(*args, upstream=None):
             upstream = args[0] if upstream is None else upstream
-            return _backward(q, k, v, out, lse, upstream, visible, block, num_blocks)
+            return _backward(*stopped[:3], out, lse, upstream, blocks, bias)
 
         # NaN on the rows that see a non-finite key or value (forward only).
         seen_out = ops.where(seen > 0, float("nan"), out)
         return ops.cast(seen_out, v.dtype), grad
 
-    return attend(q, k, v)
+    return attend(q, k, v, *bias_inputs)
 
 
-def _forward(q, k, v, flag, visible, block, num_blocks):
+def _forward(q, k, v, flag, blocks, bias):
+    block = blocks.block
     rows = dims(q)[:-1]  # (..., Tq)
     m = ops.full(rows + [1], _M_INIT, "float32")
     l = ops.zeros(rows + [1], "float32")  # noqa: E741 (the paper's name)
@@ -231,7 +272,7 @@ def _forward(q, k, v, flag, visible, block, num_blocks):
 
     def step(j, carry):
         m, l, acc, seen = carry  # noqa: E741
-        s = _scores(q, _slice_axis(k, -2, j * block, block), visible(j))
+        s = _scores(q, _slice_axis(k, -2, j * block, block), blocks.visible(j), blocks.bias_of(j, bias))
         m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
         p = ops.exp(s - m_new)
         alpha = ops.exp(m - m_new)
@@ -244,7 +285,7 @@ def _forward(q, k, v, flag, visible, block, num_blocks):
             seen * alpha + p_flag,
         )
 
-    m, l, acc, seen = _fori_loop(num_blocks, step, (m, l, acc, seen))  # noqa: E741
+    m, l, acc, seen = _fori_loop(blocks.num_blocks, step, (m, l, acc, seen))  # noqa: E741
     any_key = l > 0
     safe_l = ops.where(any_key, l, 1.0)
     # Kept in float32 for the backward pass: rowsum(dO * O) from an output
@@ -255,7 +296,8 @@ def _forward(q, k, v, flag, visible, block, num_blocks):
     return out, lse, seen
 
 
-def _backward(q, k, v, out, lse, d_out, visible, block, num_blocks):
+def _backward(q, k, v, out, lse, d_out, blocks, bias):
+    block = blocks.block
     # rowsum(dO * O) equals rowsum(P * dP): an O(Tq dv) pass instead of O(Tq Tv).
     d_out32 = ops.cast(d_out, "float32")
     delta = ops.sum(d_out32 * out, axis=-1, keepdims=True)  # (..., Tq, 1)
@@ -268,24 +310,59 @@ def _backward(q, k, v, out, lse, d_out, visible, block, num_blocks):
     dk = ops.zeros(dims(k), k.dtype)
     dv = ops.zeros(dims(v), v.dtype)
     zeros = [0] * (len(k.shape) - 2)
+    d_bias = _BiasGradients(bias, blocks)
 
     def step(j, carry):
-        dq, dk, dv = carry
+        dq, dk, dv, d_bias_carry = carry
         k_j = _slice_axis(k, -2, j * block, block)  # (..., Bk, dk)
-        seen = visible(j)
-        p = ops.exp(_scores(q, k_j, seen) - lse)  # (..., Tq, Bk); 0 where masked
+        seen = blocks.visible(j)
+        p = ops.exp(_scores(q, k_j, seen, blocks.bias_of(j, bias)) - lse)  # 0 where masked
         dv_j = ops.matmul(swap_last(ops.cast(p, v.dtype)), d_out)
         dp = ops.matmul(d_out32, swap_last(_slice_axis(v32, -2, j * block, block)))
         ds = p * (dp - delta)
         if seen is not None:  # dP may be inf at a huge masked value: 0 * inf is NaN
             ds = ops.where(seen, ds, 0.0)
+        d_bias_carry = d_bias.add(d_bias_carry, j, ds)
         ds = ops.cast(ds, q.dtype)
         dq = dq + ops.cast(ops.matmul(ds, k_j), "float32")
         dk_j = ops.matmul(swap_last(ds), q)
         start = zeros + [j * block, 0]
         dk = ops.slice_update(dk, start, ops.cast(dk_j, dk.dtype))
         dv = ops.slice_update(dv, start, ops.cast(dv_j, dv.dtype))
-        return dq, dk, dv
+        return dq, dk, dv, d_bias_carry
 
-    dq, dk, dv = _fori_loop(num_blocks, step, (dq, dk, dv))
-    return ops.cast(dq, q.dtype), dk, dv
+    dq, dk, dv, d_biases = _fori_loop(blocks.num_blocks, step, (dq, dk, dv, d_bias.init()))
+    return (ops.cast(dq, q.dtype), dk, dv, *d_biases)
+
+
+class _BiasGradients:
+    """The bias inputs' gradients, accumulated over key blocks (a tuple carried by the loop)."""
+
+    def __init__(self, bias, blocks):
+        self.bias, self.blocks = bias, blocks
+
+    def init(self):
+        if self.bias is None:
+            return ()
+        return tuple(ops.zeros(dims(x), "float32") for x in self.bias.inputs())
+
+    def add(self, carry, j, ds):
+        if self.bias is None:
+            return carry
+        block, first = self.blocks.block, j * self.blocks.block
+        carry = list(carry)
+        for i, t in enumerate(self.bias.tensors):
+            if t.shape[-1] == 1:
+                carry[i] = carry[i] + bias_lib.sum_to_shape(ds, t.shape)
+            else:
+                shape = tuple(t.shape[:-1]) + (block,)
+                start = [0] * (len(t.shape) - 1) + [first]
+                carry[i] = ops.slice_update(carry[i], start, bias_lib.sum_to_shape(ds, shape))
+        keys = bias_lib.key_positions(block, first)
+        grads = self.bias.block_gradients(ds, self.blocks.query_positions, keys)
+        i = len(self.bias.tensors)
+        for params_grads in grads:
+            for g in params_grads:
+                carry[i] = carry[i] + ops.cast(g, "float32")
+                i += 1
+        return tuple(carry)

@@ -8,6 +8,7 @@ only one that returns the `(..., Tq, Tv)` weights or applies dropout to them.
 from keras import ops
 
 from keras_attn import masks
+from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
 from keras_attn.kernels._shapes import default_scale, swap_last
 
@@ -52,7 +53,16 @@ def masked_softmax(scores, mask=None, axis=-1):
 
 
 def dense_attention(
-    query, key, value, mask=None, is_causal=False, query_start=None, scale=None, dropout=None
+    query,
+    key,
+    value,
+    mask=None,
+    is_causal=False,
+    query_start=None,
+    scale=None,
+    dropout=None,
+    window=None,
+    bias=None,
 ):
     """`softmax(q k^T * scale) v` with the weights materialised and returned.
 
@@ -68,6 +78,11 @@ def dense_attention(
             (`keras_attn.masks.causal_mask`); `None` means `Tv - Tq` (end-aligned).
         scale: score multiplier; `None` means `1 / sqrt(dk)`.
         dropout: `None`, or a function applied to the weights (dense only).
+        window: `None`, or a positive int: query `i` also sees only keys `j`
+            with `|query_start + i - j| < window` (`keras_attn.masks.window_mask`).
+        bias: `None` or a `keras_attn.kernels.bias.Bias` (from
+            `keras_attn.kernels.bias.as_bias`): added to the scaled scores
+            (float32) before the softmax.
 
     Returns:
         `(output, weights)`: `(..., Tq, dv)` in the dtype of `value` and
@@ -82,10 +97,17 @@ def dense_attention(
         default_scale(query, scale), query.dtype
     )  # Tq * dk multiplies, not Tq * Tv
     scores = ops.matmul(q, swap_last(key))  # (..., Tq, Tv)
-    if is_causal:
-        causal = masks.causal_mask(ops.shape(query)[-2], ops.shape(key)[-2], query_start)
-        mask = masks.merge_masks(mask, causal)
-    weights = masked_softmax(scores, mask)
+    query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
+    positions = masks.position_mask(query_length, value_length, is_causal, window, query_start)
+    mask = masks.merge_masks(mask, positions)
+    if bias is not None:  # in float32: a bias on float16 scores could overflow
+        bias = bias.full(
+            bias_lib.query_positions(query_length, value_length, query_start),
+            bias_lib.key_positions(value_length),
+            bias_lib.num_heads_of(query),
+        )
+        scores = ops.cast(scores, "float32") + bias
+    weights = ops.cast(masked_softmax(scores, mask), query.dtype)
     if dropout is not None:
         weights = dropout(weights)
     w = ops.cast(weights, value.dtype)

@@ -22,19 +22,31 @@ the softmax in float32, as in the dense kernel; `delta` is then taken as
 from keras import ops
 
 from keras_attn import masks
+from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
 from keras_attn.kernels._shapes import default_scale, swap_last
 from keras_attn.kernels.dense import softmax
 
 
 def fused_attention(
-    query, key, value, mask=None, is_causal=False, query_start=None, scale=None, dropout=None
+    query,
+    key,
+    value,
+    mask=None,
+    is_causal=False,
+    query_start=None,
+    scale=None,
+    dropout=None,
+    window=None,
+    bias=None,
 ):
     """`dense_attention(...)[0]` without dropout or weights, with a custom gradient.
 
     Args:
-        query, key, value, mask, is_causal, query_start, scale: as
+        query, key, value, mask, is_causal, query_start, scale, window: as
             `keras_attn.kernels.dense_attention` (the kernel signature).
+        bias: as `dense_attention`: evaluated whole (float32) and added to
+            the scores; its gradient is `dS` summed to the bias's shape.
         dropout: must be `None` (this kernel has no dropout).
 
     Returns:
@@ -59,26 +71,38 @@ def fused_attention(
     """
     if dropout is not None:
         raise ValueError("The fused kernel has no dropout: use `dense_attention`.")
-    if is_causal:
-        causal = masks.causal_mask(ops.shape(query)[-2], ops.shape(key)[-2], query_start)
-        mask = masks.merge_masks(mask, causal)
-    mask = masks.as_bool_mask(mask)
+    query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
+    positions = masks.position_mask(query_length, value_length, is_causal, window, query_start)
+    mask = masks.merge_masks(mask, positions)
     q = query * ops.cast(default_scale(query, scale), query.dtype)  # Tq * dk values, not Tq * Tv
     value, key, flag = finite.zero_nonfinite(value, key)
-    out = _attend(q, key, value, mask, flag)
+    if bias is not None:
+        bias = bias.full(
+            bias_lib.query_positions(query_length, value_length, query_start),
+            bias_lib.key_positions(value_length),
+            bias_lib.num_heads_of(query),
+        )
+    out = _attend(q, key, value, mask, flag, bias)
     if mask is not None:
         out = ops.where(masks.visible_rows(mask), out, ops.zeros_like(out))
     return out, None
 
 
-def _attend(q, k, v, mask, flag):
+def _attend(q, k, v, mask, flag, bias=None):
+    """The custom-gradient pass over `(q, k, v)`, or `(q, k, v, bias)` with a bias."""
+    inputs = (q, k, v) if bias is None else (q, k, v, bias)
+    bias_shape = None if bias is None else tuple(bias.shape)
+
     @ops.custom_gradient
-    def attend(q, k, v):
+    def attend(q, k, v, *bias):
         # The forward pass on stopped inputs: an eager GradientTape would
         # otherwise record (and keep alive) every op in it, next to the
         # custom gradient that replaces them.
         q_, k_, v_ = (ops.stop_gradient(x) for x in (q, k, v))
-        probs = softmax(masks.fill_masked(ops.matmul(q_, swap_last(k_)), mask), axis=-1)
+        scores = ops.matmul(q_, swap_last(k_))
+        if bias:
+            scores = ops.cast(scores, "float32") + ops.stop_gradient(bias[0])
+        probs = softmax(masks.fill_masked(scores, mask), axis=-1)
         probs_low = ops.cast(probs, v.dtype)
         out = ops.matmul(probs_low, v_)
         # NaN on the rows that see a non-finite key or value (forward only: the
@@ -99,9 +123,12 @@ def _attend(q, k, v, mask, flag):
             d_scores = probs * (d_probs - delta)
             if mask is not None:
                 d_scores = ops.where(mask, d_scores, 0.0)
+            grads = ()
+            if bias:
+                grads = (bias_lib.sum_to_shape(d_scores, bias_shape),)
             d_scores = ops.cast(d_scores, q.dtype)
-            return ops.matmul(d_scores, k_), ops.matmul(swap_last(d_scores), q_), d_v
+            return (ops.matmul(d_scores, k_), ops.matmul(swap_last(d_scores), q_), d_v) + grads
 
         return seen_out, grad
 
-    return attend(q, k, v)
+    return attend(*inputs)
