@@ -8,20 +8,19 @@ from keras_attn.base import ScoreAttention
 from keras_attn.bilinear_attention import BilinearAttention
 from keras_attn.cache import KVCache
 from keras_attn.dot_attention import DotAttention, ScaledDotAttention
+from keras_attn.embeddings import TokenAndPositionEmbedding
+from keras_attn.grouped_query_attention import GroupedQueryAttention
 from keras_attn.hard_attention import HardAttention
 from keras_attn.key_value_attention import KeyValueAttention
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.pointer_attention import PointerAttention
 from keras_attn.pooling import AttentionPooling
 
-# PositionBias: the base class of the position biases (importable, not a layer to use as is).
-from keras_attn.position_bias import AlibiBias, PositionBias, RelativePositionBias
-from keras_attn.positional import (
-    LearnedPositionalEmbedding,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    TokenAndPositionEmbedding,
-)
+# PositionBias: the base class of the position biases (importable; not a layer to use as is,
+# so not in __all__).
+from keras_attn.position_bias import AlibiBias, PositionBias, RelativePositionBias  # noqa: F401
+from keras_attn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from keras_attn.rotary import RotaryEmbedding
 from keras_attn.transformer import FeedForward, TransformerEncoderBlock
 from keras_attn.transformer_decoder import TransformerDecoderBlock
 
@@ -32,6 +31,7 @@ __all__ = [
     "BilinearAttention",
     "DotAttention",
     "FeedForward",
+    "GroupedQueryAttention",
     "HardAttention",
     "KVCache",
     "KeyValueAttention",

@@ -126,7 +126,7 @@ def prepare_inputs(query, value, query_mask, value_mask, attention_mask, use_cau
 
 
 def add_bias(scores, attention_bias, single_query=False):
-    """`scores (B, Tq, Tv)` plus `attention_bias` in float32 (`keras_attn.kernels.bias`), or `scores`."""
+    """`scores (B, Tq, Tv)` plus `attention_bias` in float32 (`keras_attn.kernels.bias`)."""
     if attention_bias is None:
         return scores
     terms = attention_bias if isinstance(attention_bias, (tuple, list)) else (attention_bias,)

@@ -66,12 +66,12 @@ def causal_mask(query_length, value_length=None, query_start=None, key_start=0):
 
 
 def window_mask(query_length, value_length, window, query_start=None, key_start=0):
-    """Boolean `(Tq, Tv)` band: query `i` sees keys `j` with `|query_start + i - (key_start + j)| < window`.
+    """Boolean `(Tq, Tv)` band: query `i` sees key `j` iff `|p_i - (key_start + j)| < window`.
 
     A symmetric sliding window (`keras.layers.MultiHeadAttention`'s
-    `sliding_window`), with the query positions of `causal_mask`
-    (`query_start` defaults to `Tv - Tq`); composed with the causal mask it is
-    the causal sliding window of Mistral or Longformer's local attention.
+    `sliding_window`), `p_i = query_start + i` the query positions of
+    `causal_mask` (`query_start` defaults to `Tv - Tq`); composed with the
+    causal mask it is the causal sliding window of Mistral or Longformer's local attention.
     """
     if query_start is None:
         query_start = value_length - query_length
@@ -277,7 +277,9 @@ def visible_query_rows(
     if attention_mask is not None or empty:
         positions = position_mask(query_length, value_length, use_causal_mask, window, query_start)
         attention_mask = merge_masks(attention_mask, None if positions is None else positions[None])
-        mask = compute_attention_mask(query_length, value_length, query_mask, value_mask, attention_mask)
+        mask = compute_attention_mask(
+            query_length, value_length, query_mask, value_mask, attention_mask
+        )
         if mask is None:  # Tv = 0 and nothing else to mask
             return ops.zeros((1, 1, 1), "bool")
         return visible_rows(mask)

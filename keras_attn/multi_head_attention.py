@@ -1,110 +1,114 @@
-"""Multi-head attention (with grouped-query heads) on the shared attention path."""
+"""Multi-head attention (grouped-query heads, gate, sliding window) on the shared attention path."""
 
 import keras
 from keras import ops
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
-from keras_attn.arguments import (
-    check_dim,
-    check_positive_int,
-    check_rank,
-    check_rate,
-    clone_initializer,
-    deserialize_optional_layer,
-    serialize_optional_layer,
-)
-from keras_attn.base import QueryMaskOutput, check_input_shapes, prepare_query
+from keras_attn.arguments import check_dim, check_rank
+from keras_attn.base import prepare_query
 from keras_attn.cache import KVCache, as_kv_cache, write
-from keras_attn.matmul_einsum_dense import MatmulEinsumDense
+from keras_attn.multi_head_projections import MultiHeadProjections
+from keras_attn.multi_head_shapes import AttentionLayout, check_key_value_shapes
+
+_FLASH_SCORES = (
+    "Returning attention scores is not supported when flash attention is enabled. "
+    "Please disable flash attention to access attention scores."
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
-    """Multi-head attention: h scaled dot-product heads, concatenated, projected.
+class MultiHeadAttention(MultiHeadProjections):
+    """Multi-head attention, a drop-in for `keras.layers.MultiHeadAttention`.
 
-    `head_i = softmax(Q W_q^i (K W_k^i)^T / sqrt(d_k)) V W_v^i`,
-    `MHA(Q, K, V) = concat(head_1, ..., head_h) W_o`.
+    `head_i = softmax(Q W_q^i (K W_k^i)^T / sqrt(d_k) + bias_i) V W_v^i`,
+    `MHA(Q, K, V) = concat(head_1 * g_1, ..., head_h * g_h) W_o`, with the gate
+    `g = sigmoid(Q W_g)` when `use_gate=True` (else 1).
 
-    The per-head projections are stored fused (`W_q` of shape `(dq, h, d_k)`,
-    the same layout as `keras.layers.MultiHeadAttention`). With
-    `num_key_value_heads = g < h` the keys and values have `g` heads, each
-    shared by `h / g` query heads (grouped-query attention; `g = 1` is
-    multi-query attention). The heads run on `keras_attn.ops.attention`, the
-    same masked-softmax path as every other layer.
+    Keras' constructor, call and weight layout (weights copied with
+    `set_weights` give the same outputs) on `keras_attn.ops.attention`:
+    masked keys get exactly zero weight, rows with no visible key output
+    zeros, long sequences may run chunked, a `KVCache` decodes step by step.
+    Two differences from Keras: float masks are refused (an additive
+    0 / -1e9 mask read as "nonzero = attend" would be inverted), and with
+    `Tq != Tv` query `i` sits at position `Tv - Tq + i` for the causal mask
+    and the sliding window (aligned to the end, as a decoding step needs).
+    With `num_key_value_heads = g < h`, `h / g` query heads share each
+    key/value head (`keras_attn.GroupedQueryAttention`: Keras' names).
 
-    **Cached decoding.** Pass `cache=` a `keras_attn.KVCache` (keys and
-    values `(B, g, S, d)` and which positions are valid keys, `(B, S)`; from
-    `empty_cache` or `compute_cache`):
-
-    - with `cache_update_index=i` (self-attention), the keys and values of
-      the new tokens are written at positions `i, i + 1, ...` of the cache,
-      valid where `value_mask` says the new tokens are real, and the queries
-      attend over the valid positions of the whole cache (positions not yet
-      written are invalid; with `use_causal_mask=True` token `i + t` sees
-      positions `<= i + t`). Decoding one token at a time, after a prefill
-      with padding anywhere in it, gives the outputs of one full causal pass.
-    - with `cache_update_index=None` (cross-attention), the cache holds the
-      keys and values of the source, computed once by `compute_cache`
-      (valid where the source's padding mask is); pass no `value` then.
-
-    The call then returns the updated cache as its last output.
+    **Cached decoding** (rank-3 inputs): `cache=` a `keras_attn.KVCache`
+    (from `empty_cache` or `compute_cache`). With `cache_update_index=i` the
+    new tokens' keys and values are written at positions `i, i + 1, ...`
+    (valid where `value_mask` holds) and the queries attend over the valid
+    positions of the whole cache: step by step after a padded prefill equals
+    one full causal pass. With `cache_update_index=None` the cache holds a
+    source (`compute_cache`; cross-attention): pass no `value`.
 
     Args:
         num_heads: number of query heads `h`.
-        key_dim: width `d_k` of each query/key head.
-        value_dim: width of each value head; defaults to `key_dim`.
-        num_key_value_heads: number of key/value heads `g`; must divide
-            `num_heads`. `None` means `num_heads`.
+        key_dim: width `d_k` of each query and key head.
+        value_dim: width of each value head; `None` means `key_dim`.
         dropout: dropout rate on the attention weights, in training.
         use_bias: whether the projections have biases.
-        output_dim: width of the output; defaults to the query width.
-        kernel_initializer, bias_initializer: of the projections.
-        rotary_embedding: `None`, or a `keras_attn.RotaryEmbedding` applied to
-            each query and key head before the scores (positions from 0, or
-            from `cache_update_index` for the new tokens of a cached call).
-        implementation: `"auto"` (default), `"dense"`, `"fused"` or
-            `"chunked"`: the kernel of `keras_attn.ops.attention`, which
-            chooses for `"auto"`. The chunked kernel
-            (`keras_attn.kernels.chunked_attention`) never forms the
-            `(B, h, Tq, Tv)` weights, in the forward or the backward pass:
-            memory grows as `Tq` instead of `Tq * Tv`, and padding and causal
-            masks are applied per key block. `"auto"` takes it when the
-            weights are not requested, no dropout is active and the
-            `(B, h, Tq, Tv)` weights would hold
-            `keras_attn.ops.CHUNKED_MIN_SCORES` values (2^28, 1 GiB in
-            float32; at B=1 and 8 heads from L=8192) or more. The result is
-            the same either way (to float rounding).
+        output_shape: the output's trailing shape, an int or a tuple;
+            `None` means the query's width.
+        attention_axes: the axes of `(B, a_1, ..., a_n, d)` attended over
+            (the others are batch axes); `None`: all but the first and last.
+            Several axes are one softmax over their positions, numbered
+            row-major for the causal mask, window, rotary and position bias.
+        sliding_window: `None`, or an int `w > 0`: position `p` sees key `j`
+            only if `|p - j| < w` (with `use_causal_mask=True`, Mistral's
+            causal window); applied per key block when chunked.
+        flash_attention: `None` (`keras.config.is_flash_attention_enabled()`),
+            `True` (`implementation="fused"` when `"auto"`; no dropout, no
+            returned scores, as Keras) or `False`.
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer, activity_regularizer, kernel_constraint,
+        bias_constraint: of every projection (activity: on their outputs).
+        use_gate: a sigmoid gate on the query (Qiu et al. 2025).
         seed: dropout seed.
+        num_key_value_heads: key/value heads `g`, dividing `num_heads`;
+            `None` means `num_heads`.
+        rotary_embedding: `None`, or a `keras_attn.RotaryEmbedding` applied
+            to the query and key heads (from `cache_update_index` if cached).
+        implementation: `"auto"`, `"dense"`, `"fused"` or `"chunked"`, the
+            kernel of `keras_attn.ops.attention` (`"chunked"` never forms the
+            `(B, h, Tq, Tv)` weights; `"auto"` takes it from
+            `keras_attn.ops.CHUNKED_MIN_SCORES` scores without weights or
+            active dropout).
+        position_bias: `None`, or a `keras_attn.PositionBias` layer (e.g.
+            `keras_attn.AlibiBias`) added to the scores on every path.
 
     Call arguments:
-        As every keras-attn attention layer: `query (B, Tq, dq)` (or
-        `(B, dq)`), `value (B, Tv, dv)`, `key` (defaults to `value`),
-        `query_mask`, `value_mask`, `attention_mask (B, Tq, Tv)`,
-        `use_causal_mask`, `return_attention_scores`, `training`.
-        cache: a `keras_attn.KVCache`, see above; `value_mask` then covers
-            the new tokens (self-attention) or the source (cross).
-        cache_update_index: int or scalar integer tensor, see above. A Python
-            int at which the new tokens do not fit raises `ValueError`; a
-            tensor one fails a TensorFlow assertion when the step runs, and
-            makes the step's output NaN on every backend.
+        query: `(B, Tq, dq)`, `(B, dq)` or `(B, a_1, ..., a_n, dq)`.
+        value: `(B, Tv, dv)`, of the query's rank. key: defaults to `value`.
+        query_mask, value_mask, key_mask: bool, the input's shape without
+            its last axis; filled from implicit Keras masks. A key is
+            visible where `value_mask` and `key_mask` hold.
+        attention_mask: bool or int, `(Tq, Tv)`, `(B, 1, Tv)`, `(B, Tq, Tv)`
+            or per head `(B, h, Tq, Tv)` (broadcast as Keras does).
+        return_attention_scores, training: as Keras.
+        use_causal_mask: query `i` sees keys `j <= Tv - Tq + i`.
+        cache, cache_update_index: see above; `value_mask` then covers the
+            new tokens or the source. An int index where the tokens do not
+            fit raises; a tensor one fails a TensorFlow assertion (NaN output).
+        attention_bias: `None`, or a float tensor `(B|1, h|1, Tq, Tv)` added
+            to the scaled scores (rank-3 inputs).
 
     Returns:
-        `(B, Tq, output_dim or dq)`, and with `return_attention_scores=True`
-        the weights `(B, h, Tq, Tv)` (`Tv = S` with a cache); with a cache
-        the updated `KVCache` comes last: `(output, [weights,] cache)`. A
-        query row with no visible key, a padded query row and every row when
-        `Tv = 0` return zeros (after the output projection and its bias) and
-        zero weights. The output mask is the query mask (implicit or
-        explicit). A NaN or inf at a masked key or value (padding, a future
-        step) never reaches the output, on every path
-        (`keras_attn.kernels.finite`); one at a visible position makes the
-        rows that see it NaN.
+        The output: the query's shape with `output_shape` for its last axis;
+        with `return_attention_scores=True` also the weights `(B, h, Tq, Tv)`
+        (`(batch axes, h, query axes, key axes)` for more axes; `Tv = S` with
+        a cache); with a cache, the updated `KVCache` last. Rows with no
+        visible key, padded rows and every row when `Tv = 0` are zeros (after
+        the output bias), with zero weights. The output mask is the query
+        mask. A NaN or inf at a masked key or value never reaches the output.
 
     Raises:
-        ValueError: inputs of another width than the layer was built for, a
-            `cache_update_index` (a Python int) at which the new tokens do not
-            fit in the cache, and the shape checks of every attention layer.
+        ValueError: bad constructor values (naming the argument), `dropout`
+            or `return_attention_scores=True` with `flash_attention=True`,
+            other widths than built for, `key` and `value` shapes differing
+            before the last axis, masks that do not broadcast.
         TypeError: non-float inputs, float masks.
 
     Example:
@@ -114,11 +118,7 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
     >>> out, w = mha(x, x, use_causal_mask=True, return_attention_scores=True)
     >>> print(out.shape, w.shape)
     (2, 10, 32) (2, 4, 10, 10)
-
-    Decoding step by step with a cache gives the full causal pass:
-
-    >>> cache = mha.empty_cache(batch_size=2, length=10)
-    >>> steps = []
+    >>> cache, steps = mha.empty_cache(batch_size=2, length=10), []
     >>> for i in range(10):
     ...     y, cache = mha(x[:, i : i + 1], x[:, i : i + 1], use_causal_mask=True,
     ...                    cache=cache, cache_update_index=i)
@@ -128,105 +128,10 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
     True
 
     Reference:
-        Vaswani et al., 2017, "Attention Is All You Need",
-        https://arxiv.org/abs/1706.03762; Ainslie et al., 2023, "GQA",
-        https://arxiv.org/abs/2305.13245
+        Vaswani et al., 2017, https://arxiv.org/abs/1706.03762; Ainslie et
+        al., 2023 (GQA), https://arxiv.org/abs/2305.13245; Qiu et al., 2025
+        (gated attention), https://arxiv.org/abs/2505.06708
     """
-
-    def __init__(
-        self,
-        num_heads,
-        key_dim,
-        value_dim=None,
-        num_key_value_heads=None,
-        dropout=0.0,
-        use_bias=True,
-        output_dim=None,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        rotary_embedding=None,
-        implementation="auto",
-        seed=None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = check_positive_int("num_heads", num_heads)
-        self.key_dim = check_positive_int("key_dim", key_dim)
-        self.value_dim = check_positive_int("value_dim", value_dim, allow_none=True)
-        self.num_key_value_heads = check_positive_int(
-            "num_key_value_heads", num_key_value_heads, allow_none=True
-        )
-        if num_heads % (self.num_key_value_heads or num_heads):
-            raise ValueError(
-                "`num_key_value_heads` must divide `num_heads`. Received: "
-                f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
-            )
-        self.dropout = check_rate("dropout", dropout)
-        self.use_bias = use_bias
-        self.output_dim = check_positive_int("output_dim", output_dim, allow_none=True)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        if rotary_embedding is not None and not isinstance(rotary_embedding, keras.layers.Layer):
-            raise TypeError(
-                "`rotary_embedding` must be None or a layer such as "
-                f"keras_attn.RotaryEmbedding(). Received: rotary_embedding={rotary_embedding!r}"
-            )
-        if rotary_embedding is not None and key_dim % 2:
-            raise ValueError(
-                "`key_dim` must be even to rotate pairs of features with "
-                f"`rotary_embedding`. Received: key_dim={key_dim}"
-            )
-        self.rotary_embedding = rotary_embedding
-        # Checks the name, and that "fused" and "chunked" come without dropout.
-        attn_ops.choose_implementation(implementation, (None, None), self.dropout, True, False)
-        self.implementation = implementation
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed)
-        self.supports_masking = True
-
-    def _einsum_dense(self, equation, output_shape, bias_axes, name):
-        layer = MatmulEinsumDense(
-            equation,
-            contract_axes=2 if name == "attention_output" else 1,
-            output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=clone_initializer(self.kernel_initializer),
-            bias_initializer=clone_initializer(self.bias_initializer),
-            dtype=self.dtype_policy,
-            name=name,
-        )
-        # Inputs may carry an implicit mask (applied by this layer, not by the
-        # projections): let it pass instead of warning that it is destroyed.
-        layer.supports_masking = True
-        return layer
-
-    def build(self, query_shape, value_shape, key_shape=None):
-        query_shape, key_shape = check_input_shapes(query_shape, value_shape, key_shape)
-        kv_heads = self.num_key_value_heads or self.num_heads
-        value_dim = self.value_dim or self.key_dim
-        self.query_dense = self._einsum_dense(
-            "btd,dhk->bthk", (None, self.num_heads, self.key_dim), "hk", "query"
-        )
-        self.key_dense = self._einsum_dense(
-            "btd,dhk->bthk", (None, kv_heads, self.key_dim), "hk", "key"
-        )
-        self.value_dense = self._einsum_dense(
-            "btd,dhk->bthk", (None, kv_heads, value_dim), "hk", "value"
-        )
-        self.output_dense = self._einsum_dense(
-            "bthk,hko->bto", (None, self.output_dim or query_shape[-1]), "o", "attention_output"
-        )
-        self.query_dense.build(query_shape)
-        self.key_dense.build(key_shape)
-        self.value_dense.build(value_shape)
-        self.output_dense.build((query_shape[0], query_shape[1], self.num_heads, value_dim))
-        # The EinsumDense projections do not check their input width: call() does.
-        self._built_widths = {
-            "query": query_shape[-1],
-            "key": key_shape[-1],
-            "value": tuple(value_shape)[-1],
-        }
-        self.built = True
 
     def _heads(self, x):
         """`(B, T, n, d) -> (B, n, T, d)`."""
@@ -243,18 +148,13 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
         return self.rotary_embedding(x, start_index=start_index)
 
     def compute_cache(self, value, key=None, value_mask=None):
-        """Keys and values of a source, for cross-attention with a cache.
-
-        Args:
-            value: `(B, Tv, dv)`.
-            key: `(B, Tv, dk)`; defaults to `value`.
-            value_mask: bool `(B, Tv)`, the source's real tokens; `None`
-                means all.
+        """Keys and values of a source `(B, Tv, dv)` (`key` defaults to it), for cross-attention.
 
         Returns:
             A `KVCache`: keys `(B, g, Tv, key_dim)`, values
-            `(B, g, Tv, value_dim)` and `valid` the `value_mask`, to pass as
-            `cache=` with `cache_update_index=None`.
+            `(B, g, Tv, value_dim)` and `valid` the `value_mask` (bool
+            `(B, Tv)`, `None` meaning all real), to pass as `cache=` with
+            `cache_update_index=None`.
         """
         if not self.built:
             raise ValueError(
@@ -262,26 +162,23 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
                 "its projections exist."
             )
         key = value if key is None else key
-        k = self._heads(self._rotate(self.key_dense(key)))  # (B, g, Tv, dk)
-        v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
+        k = self._heads(self._rotate(self._key_dense(key)))  # (B, g, Tv, dk)
+        v = self._heads(self._value_dense(value))  # (B, g, Tv, dv)
         valid = masks.as_bool_mask(value_mask, "value_mask")
         if valid is None:
             valid = ops.ones(ops.shape(value)[:2], "bool")
         return KVCache(k, v, valid)
 
     def empty_cache(self, batch_size, length, dtype=None):
-        """A self-attention cache for `length` positions, none of them valid yet.
+        """A self-attention `KVCache` of `length` zero positions (none valid), in the compute dtype.
 
-        Returns:
-            A `KVCache` of zero keys `(B, g, length, key_dim)` and values
-            `(B, g, length, value_dim)` in the compute dtype, and `valid` all
-            `False`.
+        Keys `(B, g, length, key_dim)`, values `(B, g, length, value_dim)`.
         """
         kv_heads = self.num_key_value_heads or self.num_heads
         dtype = dtype or self.compute_dtype
         return KVCache(
             ops.zeros((batch_size, kv_heads, length, self.key_dim), dtype),
-            ops.zeros((batch_size, kv_heads, length, self.value_dim or self.key_dim), dtype),
+            ops.zeros((batch_size, kv_heads, length, self.value_dim), dtype),
             ops.zeros((batch_size, length), "bool"),
         )
 
@@ -292,21 +189,89 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
         key=None,
         query_mask=None,
         value_mask=None,
+        key_mask=None,
         attention_mask=None,
-        use_causal_mask=False,
         return_attention_scores=False,
         training=None,
+        use_causal_mask=False,
         cache=None,
         cache_update_index=None,
+        attention_bias=None,
     ):
+        if self._flash_attention and return_attention_scores:
+            raise ValueError(_FLASH_SCORES)
         self._check_built_widths(query, value, key)
-        cached, cross = cache is not None, cache is not None and cache_update_index is None
-        explicit_mask = attention_mask
+        query_mask, value_mask, key_mask, attention_mask = (
+            masks.as_bool_mask(m, n) for m, n in ((query_mask, "query_mask"),
+            (value_mask, "value_mask"), (key_mask, "key_mask"), (attention_mask, "attention_mask"))
+        )  # fmt: skip
+        cached, single_query = cache is not None, len(query.shape) == 2
         if cached:
-            check_rank("query", query.shape, (3,))
+            check_rank("query", query.shape, (2, 3))
             cache = as_kv_cache(cache)
             check_rank("cache", cache.key.shape, (4,))
-            attention_mask = None  # over the cache's positions: checked below
+            source = (cache.key.shape[0], cache.length, None)  # the keys: the cache's positions
+        elif value is None:
+            raise ValueError(
+                "`value` is required unless a precomputed `cache` is passed "
+                "(with a self-attention cache, `value` holds the new tokens)."
+            )
+        else:
+            check_key_value_shapes(value.shape, None if key is None else key.shape)
+            source = value.shape
+        layout = AttentionLayout(3) if cached else self._layout(query.shape, source)
+        if attention_mask is not None:
+            if single_query:  # (B, Tv) -> (B, 1, Tv)
+                check_rank("attention_mask", attention_mask.shape, (2,))
+                attention_mask = ops.expand_dims(attention_mask, 1)
+            scores = layout.scores_shape(
+                ((query.shape[0], 1) if single_query else query.shape), source, self.num_heads
+            )
+            attention_mask = layout.expand_mask(attention_mask, scores)
+            if not layout.identity:
+                attention_mask = layout.flatten_attention_mask(attention_mask, query, value)
+        for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
+            if mask is not None and layout.identity and value is not None:  # (B, Tv), merged
+                check_rank(name, mask.shape, (2,))
+                check_dim(name, mask.shape[1], "value", value.shape[1], "length")
+        if attention_bias is not None and not layout.identity:
+            raise ValueError(
+                "`attention_bias` needs inputs of rank 3 (B, T, d). Received: "
+                f"query.shape={tuple(query.shape)}"
+            )
+        output, weights, cache = self._attend(
+            layout.flatten(query),
+            layout.flatten(value),
+            layout.flatten(key),
+            layout.flatten_mask(query_mask, "query_mask", query),
+            masks.merge_masks(
+                layout.flatten_mask(value_mask, "value_mask", value),
+                layout.flatten_mask(key_mask, "key_mask", value),
+            ),
+            attention_mask,
+            return_attention_scores,
+            training,
+            use_causal_mask,
+            cache,
+            cache_update_index,
+            attention_bias,
+        )
+        self.set_output_mask(query_mask)
+        output = layout.unflatten_output(output, query)
+        if weights is not None:
+            weights = layout.unflatten_scores(weights, query, value)
+        outputs = (output, weights) if return_attention_scores else (output,)
+        outputs += (cache,) if cached else ()
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def _attend(self, query, value, key, query_mask, value_mask, heads_mask, return_scores,
+                training, use_causal_mask, cache, cache_update_index, attention_bias):  # fmt: skip
+        """The rank-3 path: `query (B, Tq, dq)` (or `(B, dq)`), padding masks `(B, T)`.
+
+        `heads_mask` is the explicit mask as `(B|1, h|1, Tq|1, Tv)` (over the
+        cache's positions in a cached call). Returns `(output, weights, cache)`.
+        """
+        cached, cross = cache is not None, cache is not None and cache_update_index is None
         if cross and (value is not None or key is not None):
             raise ValueError(
                 "With `cache_update_index=None` the cache holds the keys and values: "
@@ -314,17 +279,12 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
             )
         if not cross and value is None:
             raise ValueError(
-                "`value` is required unless a precomputed `cache` is passed "
-                "(with a self-attention cache, `value` holds the new tokens)."
+                "`value` is required with a self-attention cache: it holds the new tokens."
             )
         value_shape = (cache.key.shape[0], cache.length) if cross else value.shape
-        query, query_mask, attention_mask, single_query = prepare_query(
-            query, value, query_mask, value_mask, attention_mask, key=key, value_shape=value_shape
+        query, query_mask, _, single_query = prepare_query(
+            query, value, query_mask, value_mask, None, key=key, value_shape=value_shape
         )
-        if cached:
-            attention_mask = self._cache_attention_mask(explicit_mask, cache)
-        self.set_output_mask(query_mask)
-
         start, in_range = None, None  # the causal mask's query start; a tensor index's check
         if cross:
             k, v, key_mask = cache.key, cache.value, masks.merge_masks(cache.valid, value_mask)
@@ -334,33 +294,46 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
             # a gradient of the kernels (dW = x^T dy).
             key, value = masks.zero_padded(key, value_mask), masks.zero_padded(value, value_mask)
             index = 0 if cache_update_index is None else cache_update_index
-            k = self._heads(self._rotate(self.key_dense(key), index))  # (B, g, Tv, dk)
-            v = self._heads(self.value_dense(value))  # (B, g, Tv, dv)
+            k = self._heads(self._rotate(self._key_dense(key), index))  # (B, g, Tv, dk)
+            v = self._heads(self._value_dense(value))  # (B, g, Tv, dv)
             key_mask = value_mask
             if cached:  # write the new tokens, then attend over the whole cache
                 cache, in_range = write(cache, cache_update_index, k, v, value_mask)
                 k, v, key_mask, start = cache.key, cache.value, cache.valid, cache_update_index
-        q = self._heads(self._rotate(self.query_dense(query), 0 if start is None else start))
+        q = self._heads(self._rotate(self._query_dense(query), 0 if start is None else start))
+        implementation = self.implementation
+        if self._flash_attention and implementation == "auto":
+            implementation = "fused"
+        bias = tuple(b for b in (self.position_bias, attention_bias) if b is not None)
         heads, weights = attn_ops.attention(
             q,
             self._repeat_kv(k),  # (B, h, Tv, dk)
             self._repeat_kv(v),
-            mask=masks.attention_heads_mask(key_mask, attention_mask),
+            mask=masks.merge_masks(masks.attention_heads_mask(key_mask), heads_mask),
             is_causal=use_causal_mask,
             query_start=start,
             dropout_rate=self.dropout,
             training=training,
             seed=self.seed_generator,
-            implementation=self.implementation,
-            return_weights=return_attention_scores,
+            implementation=implementation,
+            return_weights=return_scores,
+            window=self.sliding_window,
+            bias=bias or None,
         )  # (B, h, Tq, dv), (B, h, Tq, Tv) or None
-        output = self.output_dense(ops.transpose(heads, (0, 2, 1, 3)))  # (B, Tq, out)
+        heads = ops.transpose(heads, (0, 2, 1, 3))  # (B, Tq, h, dv)
+        if self.use_gate:
+            heads = heads * ops.cast(self._gate_dense(query), heads.dtype)
+        output = self._output_dense(heads)  # (B, Tq, *output_shape)
         rows = masks.visible_query_rows(
-            ops.shape(q)[2], ops.shape(k)[2], query_mask, key_mask, attention_mask,
-            use_causal_mask, query_start=start,
+            ops.shape(q)[2], ops.shape(k)[2], query_mask, key_mask,
+            None if heads_mask is None else ops.any(heads_mask, axis=1),
+            use_causal_mask, query_start=start, window=self.sliding_window,
         )  # fmt: skip
         if rows is not None:  # (B|1, Tq|1, 1): padded rows and rows that see nothing give zeros
-            output = ops.where(rows, output, ops.zeros_like(output))
+            wide = rows
+            for _ in range(len(output.shape) - 3):  # one axis per output axis: (B, Tq, o_1, o_2)
+                wide = ops.expand_dims(wide, -1)
+            output = ops.where(wide, output, ops.zeros_like(output))
             if weights is not None:
                 weights = ops.where(rows[:, None], weights, ops.zeros_like(weights))
         if in_range is not None:  # a tensor cache index past the end: NaN, never clamped
@@ -368,71 +341,26 @@ class MultiHeadAttention(QueryMaskOutput, keras.layers.Layer):
         if single_query:
             output = output[:, 0]
             weights = None if weights is None else weights[..., 0, :]
-        outputs = (output, weights) if return_attention_scores else (output,)
-        if cached:
-            outputs += (cache,)
-        return outputs[0] if len(outputs) == 1 else outputs
-
-    def _cache_attention_mask(self, attention_mask, cache):
-        """The checked `attention_mask (B|1, Tq, S)` of a cached call (over the cache)."""
-        if attention_mask is None:
-            return None
-        masks.check_mask_dtype("attention_mask", attention_mask)
-        check_rank("attention_mask", attention_mask.shape, (3,))
-        check_dim("attention_mask", attention_mask.shape[2], "cache", cache.length,
-                  "length (axis 2 of the mask, axis 2 of the cache)")  # fmt: skip
-        return masks.as_bool_mask(attention_mask, "attention_mask")
-
-    def _check_built_widths(self, query, value, key):
-        """`ValueError` unless the inputs have the widths the projections were built for."""
-        inputs = {"query": query, "value": value, "key": value if key is None else key}
-        for name, x in inputs.items():
-            width = self._built_widths[name]
-            if x is not None and x.shape[-1] is not None and x.shape[-1] != width:
-                name = "value" if key is None and name == "key" else name
-                raise ValueError(
-                    f"`{name}` must have width {width}, the width this layer was built for. "
-                    f"Received: {name}.shape={tuple(x.shape)}"
-                )
-
-    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
-        return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
+        return output, weights, cache
 
     def compute_output_spec(
         self, query, value=None, key=None, return_attention_scores=False, cache=None, **kwargs
     ):
-        value_length = value.shape[1] if cache is None else as_kv_cache(cache).length
-        output_shape = tuple(query.shape[:-1]) + (self.output_dim or query.shape[-1],)
+        cache = None if cache is None else as_kv_cache(cache)
+        if cache is None:
+            check_key_value_shapes(value.shape, None if key is None else key.shape)
+        output_shape = tuple(query.shape)[:-1] + (self._output_shape or tuple(query.shape)[-1:])
         outputs = [keras.KerasTensor(output_shape, dtype=self.compute_dtype)]
         if return_attention_scores:
-            batch, query_length = query.shape[0], tuple(query.shape[1:-1])
-            weights_shape = (batch, self.num_heads) + query_length + (value_length,)
-            outputs.append(keras.KerasTensor(weights_shape, dtype=self.compute_dtype))
+            if self._flash_attention:
+                raise ValueError(_FLASH_SCORES)
+            if cache is not None or len(query.shape) == 2:  # (B, h, [Tq,] Tv)
+                length = value.shape[1] if cache is None else cache.length
+                shape = (query.shape[0], self.num_heads, *query.shape[1:-1], length)
+            else:
+                layout = self._layout(query.shape, value.shape)
+                shape = layout.scores_shape(query.shape, value.shape, self.num_heads)
+            outputs.append(keras.KerasTensor(shape, dtype=self.compute_dtype))
         if cache is not None:
-            cache = as_kv_cache(cache)
             outputs.append(KVCache(*(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache)))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "num_key_value_heads": self.num_key_value_heads,
-                "dropout": self.dropout,
-                "use_bias": self.use_bias,
-                "output_dim": self.output_dim,
-                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-                "rotary_embedding": serialize_optional_layer(self.rotary_embedding),
-                "implementation": self.implementation,
-                "seed": self.seed,
-            }
-        )
-        return config
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**deserialize_optional_layer(config, "rotary_embedding"))

@@ -21,7 +21,6 @@ from keras_attn.arguments import check_positive_int, check_positive_number
 from keras_attn.kernels import bias as bias_lib
 
 
-@keras.saving.register_keras_serializable(package="keras_attn")
 class PositionBias(keras.layers.Layer):
     """Base class of the position biases: `bias = f(query positions, key positions)`.
 
@@ -30,7 +29,8 @@ class PositionBias(keras.layers.Layer):
     pass the parameters in) and, when it has weights, `bias_parameters` and
     `position_bias_gradient` (the gradient of its parameters from `dS`, for
     the chunked kernel's backward pass; the dense kernels differentiate
-    `position_bias` directly).
+    `position_bias` directly). Register a subclass with
+    `keras.saving.register_keras_serializable` to save models that use it.
 
     Call arguments:
         attention_scores: `(B, h, Tq, Tv)` scores; the layer returns them
@@ -161,7 +161,9 @@ class AlibiBias(PositionBias):
         return config
 
 
-def relative_position_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
+def relative_position_bucket(
+    relative_position, bidirectional=True, num_buckets=32, max_distance=128
+):
     """T5's bucket of `relative_position = key position - query position` (int32 tensor).
 
     Half the buckets (all of them when not `bidirectional`, where only
@@ -296,9 +298,7 @@ class RelativePositionBias(PositionBias):
                 "num_buckets": self.num_buckets,
                 "max_distance": self.max_distance,
                 "bidirectional": self.bidirectional,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             }
         )
         return config

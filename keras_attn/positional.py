@@ -1,38 +1,40 @@
-"""Position information: sinusoidal, learned and rotary encodings.
+"""Additive position encodings: sinusoidal and learned; helpers shared with rotary.
 
-Positions run along axis 1, features along the last axis. Every layer takes
-`start_index`, so a cached decoder fed one token at a time encodes positions
-`start_index, start_index + 1, ...`. The layers pass an incoming implicit mask
-through; add an encoding with `keras.layers.Add()` to keep it (a plain
-`x + pe(x)` is an op, not a layer, and drops Keras' implicit mask).
+Both layers return an encoding shaped like their input, for the caller to add;
+the sequence runs along the second-to-last axis and the features along the
+last, as keras-hub's `SinePositionEncoding` and `PositionEmbedding` (so
+`(B, T, d)`, or `(B, ..., T, d)` for more axes). Positions are
+`start_index, start_index + 1, ...` (a cached decoder fed one token at a time)
+or any `positions=` of shape `(T,)` or `(B, T)`. The layers pass an incoming
+implicit mask through; add an encoding with `keras.layers.Add()` to keep it (a
+plain `x + pe(x)` is an op, not a layer, and drops Keras' implicit mask).
+`RotaryEmbedding` lives in `keras_attn.rotary`, `TokenAndPositionEmbedding` in
+`keras_attn.embeddings`.
 """
 
 import keras
 import numpy as np
 from keras import ops
 
-from keras_attn.arguments import (
-    check_floating,
-    check_positive_int,
-    check_positive_number,
-    clone_initializer,
-)
+from keras_attn.arguments import check_floating, check_positive_int, check_positive_number
 
 
-def _check_input_shape(name, shape, ranks, even=False, width=True):
-    if len(shape) not in ranks:
-        expected = " or ".join(str(r) for r in ranks)
+def check_min_rank(name, shape, rank):
+    if len(shape) < rank:
         raise ValueError(
-            f"`{name}` must have rank {expected}. Received: {name}.shape={tuple(shape)}"
+            f"`{name}` must have rank >= {rank}. Received: {name}.shape={tuple(shape)}"
         )
-    if width and (shape[-1] is None or (even and shape[-1] % 2)):
+
+
+def check_width(name, shape, even=False):
+    if shape[-1] is None or (even and shape[-1] % 2):
         what = "known and even" if even else "known"
         raise ValueError(
             f"The last axis of `{name}` must be {what}. Received: {name}.shape={tuple(shape)}"
         )
 
 
-class _PositionLayer(keras.layers.Layer):
+class PositionLayer(keras.layers.Layer):
     """Shared by the encodings: passes the mask through, output shaped like the input."""
 
     def __init__(self, **kwargs):
@@ -43,7 +45,7 @@ class _PositionLayer(keras.layers.Layer):
         return tuple(inputs_shape)
 
 
-def _static_int(x):
+def static_int(x):
     """`x` as a Python int when its value is known now (an int or an eager scalar), else None."""
     if isinstance(x, (int, np.integer)):
         return int(x)
@@ -53,43 +55,93 @@ def _static_int(x):
         return None
 
 
-def _positions(length, start_index):
+def static_array(x):
+    """`x` as a NumPy array when its values are known now (array, list, eager tensor), else None."""
+    if isinstance(x, (np.ndarray, list, tuple)):
+        return np.asarray(x)
+    try:
+        return np.asarray(ops.convert_to_numpy(x))  # a traced tensor raises
+    except Exception:
+        return None
+
+
+def check_positions(positions, length, start_index):
+    """`positions` as a tensor `(T,)` or `(B, T)`; refuses a `start_index` next to it.
+
+    `positions` replaces `start_index` (keras-hub ignores `start_index` then);
+    a `start_index` other than 0 given with it is a contradiction, refused.
+    """
+    if static_int(start_index) != 0:
+        raise ValueError(
+            "Pass `positions` or `start_index`, not both: `positions` gives every "
+            f"step's position. Received: start_index={start_index!r} with positions"
+        )
+    positions = ops.convert_to_tensor(positions)
+    shape = tuple(positions.shape)
+    if len(shape) not in (1, 2):
+        raise ValueError(
+            f"`positions` must have shape (T,) or (B, T). Received: positions.shape={shape}"
+        )
+    if shape[-1] is not None and length is not None and shape[-1] != length:
+        raise ValueError(
+            "The last axis of `positions` must be the sequence length of `inputs` "
+            f"({length}). Received: positions.shape={shape}"
+        )
+    return positions
+
+
+def step_positions(length, start_index):
     """`start_index + [0, 1, ..., length - 1]` as float32 `(T,)`."""
     return ops.arange(length, dtype="float32") + ops.cast(start_index, "float32")
 
 
-def _inverse_frequencies(max_wavelength, depth):
+def inverse_frequencies(max_wavelength, depth):
     """`max_wavelength^(-2i/depth)` for `i = 0 .. ceil(depth/2) - 1`, float32."""
     exponents = np.arange(0, depth, 2, dtype="float64") / depth
     return ops.convert_to_tensor(np.power(float(max_wavelength), -exponents), "float32")
 
 
+def broadcast_encoding(encoding, inputs):
+    """A `(T, d)` or `(B|1, T, d)` encoding broadcast to `inputs` `(B, ..., T, d)`, in its dtype."""
+    if len(encoding.shape) == 3:
+        for _ in range(len(inputs.shape) - 3):
+            encoding = ops.expand_dims(encoding, 1)  # (B|1, 1, ..., T, d)
+    return ops.broadcast_to(ops.cast(encoding, inputs.dtype), ops.shape(inputs))
+
+
 @keras.saving.register_keras_serializable(package="keras_attn")
-class SinusoidalPositionalEncoding(_PositionLayer):
-    """Fixed sinusoidal position encoding (Vaswani et al.), interleaved.
+class SinusoidalPositionalEncoding(PositionLayer):
+    """Fixed sinusoidal position encoding (Vaswani et al.), sin and cos interleaved.
 
     `PE(pos, 2i) = sin(pos / max_wavelength^(2i/d))`,
     `PE(pos, 2i+1) = cos(pos / max_wavelength^(2i/d))`: even channels sin, odd
-    channels cos. No weights; any length, any `d` (odd too). Returns the
-    encoding for the caller to add.
+    channels cos, the channel layout of keras-hub's `SinePositionEncoding`
+    (equal outputs, tested). No weights; any length, any `d` (odd too); angles
+    are computed in float32. Returns the encoding for the caller to add.
 
     Args:
         max_wavelength: the base of the geometric progression of wavelengths.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
-        inputs: `(B, T, d)`; only its shape and dtype are used.
+        inputs: `(B, T, d)` or `(B, ..., T, d)`: the sequence is the
+            second-to-last axis. Only its shape and dtype are used.
         start_index: position of the first step (int or scalar tensor).
+        positions: `None`, or every step's position, `(T,)` or `(B, T)` (int
+            or float); replaces `start_index`.
 
     Returns:
-        The encoding of positions `start_index .. start_index + T - 1`,
-        broadcast to `inputs`' shape and dtype.
+        The encoding of positions `start_index .. start_index + T - 1` (or of
+        `positions`), broadcast to `inputs`' shape and dtype.
 
     Example:
 
     >>> x = keras.random.normal((2, 10, 16))
     >>> print(keras_attn.SinusoidalPositionalEncoding()(x).shape)
     (2, 10, 16)
+    >>> pe = keras_attn.SinusoidalPositionalEncoding()(x[:, :2], positions=np.array([7, 3]))
+    >>> print(pe.shape)  # the encodings of positions 7 and 3
+    (2, 2, 16)
 
     Reference:
         Vaswani et al., 2017, "Attention Is All You Need",
@@ -101,19 +153,23 @@ class SinusoidalPositionalEncoding(_PositionLayer):
         self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
 
     def build(self, inputs_shape):
-        _check_input_shape("inputs", inputs_shape, (3,))
+        check_min_rank("inputs", inputs_shape, 3)
+        check_width("inputs", inputs_shape)
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         check_floating("inputs", inputs)
         depth = inputs.shape[-1]
+        if positions is None:
+            positions = step_positions(ops.shape(inputs)[-2], start_index)  # (T,)
+        else:
+            positions = check_positions(positions, inputs.shape[-2], start_index)
         # Channels 2i and 2i+1 share the frequency max_wavelength^(-2i/d).
-        frequencies = ops.repeat(_inverse_frequencies(self.max_wavelength, depth), 2)
-        positions = _positions(ops.shape(inputs)[1], start_index)
-        angles = ops.outer(positions, frequencies[:depth])  # (T, d)
+        frequencies = ops.repeat(inverse_frequencies(self.max_wavelength, depth), 2)[:depth]
+        angles = ops.expand_dims(ops.cast(positions, "float32"), -1) * frequencies
         is_even = ops.arange(depth) % 2 == 0
-        encoding = ops.where(is_even, ops.sin(angles), ops.cos(angles))
-        return ops.broadcast_to(ops.cast(encoding, inputs.dtype), ops.shape(inputs))
+        encoding = ops.where(is_even, ops.sin(angles), ops.cos(angles))  # ([B,] T, d)
+        return broadcast_encoding(encoding, inputs)
 
     def get_config(self):
         config = super().get_config()
@@ -122,10 +178,12 @@ class SinusoidalPositionalEncoding(_PositionLayer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LearnedPositionalEmbedding(_PositionLayer):
+class LearnedPositionalEmbedding(PositionLayer):
     """Learned absolute position embedding: `PE(pos) = P[pos]`.
 
-    A trainable table `P` of shape `(sequence_length, d)`; row `pos` encodes
+    A trainable table `P` (the attribute `position_embeddings`, a variable
+    named `embeddings`, as keras-hub's `PositionEmbedding`, whose weights load
+    with `set_weights`) of shape `(sequence_length, d)`; row `pos` encodes
     position `pos`. Returns the rows of the input's positions, for the caller
     to add.
 
@@ -135,28 +193,34 @@ class LearnedPositionalEmbedding(_PositionLayer):
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
-        inputs: `(B, T, d)`; only its shape and dtype are used.
+        inputs: `(B, T, d)` or `(B, ..., T, d)`: the sequence is the
+            second-to-last axis. Only its shape and dtype are used.
         start_index: position of the first step (int or scalar tensor).
+        positions: `None`, or every step's position, int `(T,)` or `(B, T)`;
+            replaces `start_index`.
 
     Returns:
-        Rows `start_index .. start_index + T - 1` of the table, broadcast to
-        `inputs`' shape.
+        Rows `start_index .. start_index + T - 1` of the table (or the rows of
+        `positions`), broadcast to `inputs`' shape.
 
-        Past the end of the table: when `T` and `start_index` are known at
-        call time (eager calls, static shapes, an int or eager
-        `start_index`), `start_index + T > sequence_length` or a negative
-        `start_index` raises `ValueError`. When they are only known at run
-        time (a compiled function with a dynamic length or a tensor
-        `start_index`), a TensorFlow graph raises `InvalidArgumentError` with
-        the same message; where no run-time check can run (XLA, i.e.
-        `jit_compile=True`, and a traced `start_index` under JAX), the rows
-        past the end are NaN. Never a silently clamped or repeated row.
+        Outside the table: when the positions are known at call time (eager
+        calls, static shapes, an int or eager `start_index`, eager
+        `positions`), a position `< 0` or `>= sequence_length` raises
+        `ValueError`. When they are only known at run time (a compiled
+        function with a dynamic length or tensor positions), a TensorFlow
+        graph raises `InvalidArgumentError` with the same message; where no
+        run-time check can run (XLA, i.e. `jit_compile=True`, and traced
+        positions under JAX), the rows outside are NaN. Never a silently
+        clamped or repeated row.
 
     Example:
 
     >>> x = keras.random.normal((2, 10, 16))
-    >>> print(keras_attn.LearnedPositionalEmbedding(sequence_length=64)(x).shape)
-    (2, 10, 16)
+    >>> layer = keras_attn.LearnedPositionalEmbedding(sequence_length=64)
+    >>> print(layer(x).shape, layer.position_embeddings.shape)
+    (2, 10, 16) (64, 16)
+    >>> print(layer(x[:, :2], positions=np.array([5, 9])).shape)
+    (2, 2, 16)
 
     Reference:
         Gehring et al., 2017, "Convolutional Sequence to Sequence Learning",
@@ -181,236 +245,86 @@ class LearnedPositionalEmbedding(_PositionLayer):
                 f"sequence_length={self.sequence_length}"
             )
 
-    def _assert_fits(self, end):
-        """The run-time form of `_check_length`, in a TensorFlow graph (XLA skips it).
+    def _check_positions_fit(self, positions):
+        """`ValueError` when `positions` are known now and one lies outside the table."""
+        values = static_array(positions)
+        if values is None or values.size == 0:
+            return
+        if values.min() < 0 or values.max() >= self.sequence_length:
+            raise ValueError(
+                f"`positions` must lie in [0, sequence_length={self.sequence_length}). "
+                f"Received: positions from {values.min()} to {values.max()}"
+            )
 
-        Other backends have no run-time assertion: there the rows past the
+    def _assert_fits(self, first, end, message):
+        """The run-time form of the checks, in a TensorFlow graph (XLA skips it):
+        `0 <= first` and `end <= sequence_length`.
+
+        Other backends have no run-time assertion: there the rows outside the
         table are NaN (see `call`).
         """
         if keras.backend.backend() != "tensorflow":
             return
         import tensorflow as tf
 
-        tf.debugging.assert_less_equal(
-            tf.cast(end, "int32"),
-            self.sequence_length,
-            message="The input sequence does not fit in `sequence_length` positions "
-            f"(start_index + input length <= sequence_length={self.sequence_length})",
-        )
+        tf.debugging.assert_non_negative(tf.cast(first, "int32"), message=message)
+        end = tf.cast(end, "int32")
+        tf.debugging.assert_less_equal(end, self.sequence_length, message=message)
 
     def build(self, inputs_shape):
-        _check_input_shape("inputs", inputs_shape, (3,))
-        self._check_length(inputs_shape[1])
-        self.embeddings = self.add_weight(
+        check_min_rank("inputs", inputs_shape, 3)
+        check_width("inputs", inputs_shape)
+        self._check_length(inputs_shape[-2])
+        self.position_embeddings = self.add_weight(
             shape=(self.sequence_length, inputs_shape[-1]),
             initializer=self.initializer,
             name="embeddings",
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         check_floating("inputs", inputs)
-        if inputs.shape[-1] != self.embeddings.shape[1]:
+        width = self.position_embeddings.shape[1]
+        if inputs.shape[-1] != width:
             raise ValueError(
-                f"`inputs` must have width {self.embeddings.shape[1]}, the width this layer "
+                f"`inputs` must have width {width}, the width this layer "
                 f"was built for. Received: inputs.shape={tuple(inputs.shape)}"
             )
-        start = _static_int(start_index)
-        self._check_length(inputs.shape[1], start)
-        length, first = ops.shape(inputs)[1], ops.cast(start_index, "int32")
-        if start is None or inputs.shape[1] is None:  # only known at run time
-            self._assert_fits(first + length)
-        positions = ops.arange(length, dtype="int32") + first  # (T,)
+        length = ops.shape(inputs)[-2]
+        if positions is None:
+            start = static_int(start_index)
+            self._check_length(inputs.shape[-2], start)
+            first = ops.cast(start_index, "int32")
+            if start is None or inputs.shape[-2] is None:  # only known at run time
+                message = (
+                    "The input sequence does not fit in `sequence_length` positions "
+                    f"(start_index + input length <= sequence_length={self.sequence_length})"
+                )
+                self._assert_fits(first, first + length, message)
+            positions = ops.arange(length, dtype="int32") + first  # (T,)
+        else:
+            positions = check_positions(positions, inputs.shape[-2], start_index)
+            if keras.backend.is_float_dtype(positions.dtype):
+                raise TypeError(
+                    "`positions` must be integers (rows of the table). Received: "
+                    f"positions.dtype={keras.backend.standardize_dtype(positions.dtype)}"
+                )
+            positions = ops.cast(positions, "int32")  # ([B,] T)
+            if static_array(positions) is None:
+                message = f"`positions` must lie in [0, sequence_length={self.sequence_length})"
+                self._assert_fits(ops.min(positions), ops.max(positions) + 1, message)
+            else:
+                self._check_positions_fit(positions)
         inside = ops.logical_and(positions >= 0, positions < self.sequence_length)
-        rows = ops.take(self.embeddings, ops.clip(positions, 0, self.sequence_length - 1), axis=0)
-        rows = ops.where(ops.expand_dims(inside, -1), rows, float("nan"))  # (T, d)
-        return ops.broadcast_to(ops.cast(rows, inputs.dtype), ops.shape(inputs))
+        table = ops.convert_to_tensor(self.position_embeddings)
+        rows = ops.take(table, ops.clip(positions, 0, self.sequence_length - 1), axis=0)
+        rows = ops.where(ops.expand_dims(inside, -1), rows, float("nan"))  # ([B,] T, d)
+        return broadcast_encoding(rows, inputs)
 
     def get_config(self):
         config = super().get_config()
         config.update(
             sequence_length=self.sequence_length,
             initializer=keras.initializers.serialize(self.initializer),
-        )
-        return config
-
-
-@keras.saving.register_keras_serializable(package="keras_attn")
-class RotaryEmbedding(_PositionLayer):
-    """Rotary position embedding (RoPE, RoFormer), interleaved pairs.
-
-    Each pair `(x_2i, x_2i+1)` is rotated by the angle `m * theta_i`, with `m`
-    the position divided by `scaling_factor` and
-    `theta_i = max_wavelength^(-2i/d)`:
-
-        y_2i   = x_2i cos(m theta_i) - x_2i+1 sin(m theta_i)
-        y_2i+1 = x_2i sin(m theta_i) + x_2i+1 cos(m theta_i)
-
-    so that `<R(m) q, R(n) k>` depends on `m - n` only. Apply it to queries and
-    keys before the score. Angles are computed in float32. No weights.
-
-    Args:
-        max_wavelength: the base of the frequencies `theta_i`.
-        scaling_factor: positions are divided by it (linear position
-            interpolation for contexts longer than in training).
-        **kwargs: base `keras.layers.Layer` arguments.
-
-    Call arguments:
-        inputs: `(B, T, d)` or `(B, T, H, d)`, `d` even.
-        start_index: position of the first step (int or scalar tensor).
-
-    Returns:
-        `inputs` rotated, same shape and dtype.
-
-    Example:
-
-    >>> q = keras.random.normal((2, 10, 4, 16))  # (B, T, H, dk)
-    >>> print(keras_attn.RotaryEmbedding()(q).shape)
-    (2, 10, 4, 16)
-
-    Reference:
-        Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary Position
-        Embedding", https://arxiv.org/abs/2104.09864
-    """
-
-    def __init__(self, max_wavelength=10000, scaling_factor=1.0, **kwargs):
-        super().__init__(**kwargs)
-        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
-        self.scaling_factor = check_positive_number("scaling_factor", scaling_factor)
-
-    def build(self, inputs_shape):
-        _check_input_shape("inputs", inputs_shape, (3, 4), even=True)
-        self.built = True
-
-    def call(self, inputs, start_index=0):
-        _check_input_shape("inputs", inputs.shape, (3, 4), even=True)
-        check_floating("inputs", inputs)
-        rank, depth = len(inputs.shape), inputs.shape[-1]
-        positions = _positions(ops.shape(inputs)[1], start_index) / self.scaling_factor
-        angles = ops.outer(positions, _inverse_frequencies(self.max_wavelength, depth))
-        # (T, d/2), or (T, 1, d/2) for (B, T, H, d) inputs.
-        angles = ops.reshape(angles, (-1,) + (1,) * (rank - 3) + (depth // 2,))
-        cos, sin = ops.cos(angles), ops.sin(angles)
-        x = ops.cast(inputs, "float32")
-        x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (B, T, [H,] d/2)
-        rotated = ops.stack(
-            [x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], axis=-1
-        )  # (B, T, [H,] d/2, 2): pairs back in place
-        return ops.cast(ops.reshape(rotated, ops.shape(inputs)), inputs.dtype)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(max_wavelength=self.max_wavelength, scaling_factor=self.scaling_factor)
-        return config
-
-
-_POSITIONS = ("sinusoidal", "learned")
-
-
-@keras.saving.register_keras_serializable(package="keras_attn")
-class TokenAndPositionEmbedding(keras.layers.Layer):
-    """Token embedding plus position encoding: `x_t = E[token_t] + PE(t)`.
-
-    The usual input layer of a Transformer. With `mask_zero=True` token id 0
-    is padding: the layer's output carries the mask `token != 0`, so
-    downstream attention layers ignore padded keys.
-
-    Args:
-        vocab_size: number of token ids.
-        sequence_length: rows of the learned table (sinusoidal: any length).
-        embedding_dim: width of the output.
-        position: `"sinusoidal"` (`SinusoidalPositionalEncoding`) or
-            `"learned"` (`LearnedPositionalEmbedding`).
-        mask_zero: whether token id 0 is padding.
-        embeddings_initializer: of the token table (and the learned position
-            table).
-        max_wavelength: of the sinusoidal encoding.
-        **kwargs: base `keras.layers.Layer` arguments.
-
-    Call arguments:
-        inputs: int token ids `(B, T)`.
-        start_index: position of the first token (int or scalar tensor).
-
-    Returns:
-        `(B, T, embedding_dim)`, with the implicit mask `inputs != 0` when
-        `mask_zero`.
-
-    Example:
-
-    >>> layer = keras_attn.TokenAndPositionEmbedding(1000, 64, 32)
-    >>> print(layer(keras.ops.array([[5, 7, 9, 0]])).shape)
-    (1, 4, 32)
-
-    Reference:
-        Vaswani et al., 2017, "Attention Is All You Need",
-        https://arxiv.org/abs/1706.03762
-    """
-
-    def __init__(
-        self,
-        vocab_size,
-        sequence_length,
-        embedding_dim,
-        position="sinusoidal",
-        mask_zero=True,
-        embeddings_initializer="uniform",
-        max_wavelength=10000,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.vocab_size = check_positive_int("vocab_size", vocab_size)
-        self.sequence_length = check_positive_int("sequence_length", sequence_length)
-        self.embedding_dim = check_positive_int("embedding_dim", embedding_dim)
-        if position not in _POSITIONS:
-            raise ValueError(
-                f"`position` must be one of {_POSITIONS}. Received: position={position!r}"
-            )
-        self.position = position
-        self.mask_zero = bool(mask_zero)
-        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
-        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
-
-        self.token_embedding = keras.layers.Embedding(
-            vocab_size,
-            embedding_dim,
-            embeddings_initializer=clone_initializer(self.embeddings_initializer),
-            dtype=self.dtype_policy,
-            name="token_embedding",
-        )  # the mask is computed here, in compute_mask
-        if position == "learned":
-            self.position_embedding = LearnedPositionalEmbedding(
-                sequence_length,
-                initializer=clone_initializer(self.embeddings_initializer),
-                dtype=self.dtype_policy,
-                name="position_embedding",
-            )
-        else:
-            self.position_embedding = SinusoidalPositionalEncoding(
-                max_wavelength, dtype=self.dtype_policy, name="position_embedding"
-            )
-
-    def build(self, inputs_shape):
-        _check_input_shape("inputs", inputs_shape, (2,), width=False)
-        self.token_embedding.build(inputs_shape)
-        self.position_embedding.build(self.compute_output_shape(inputs_shape))
-        self.built = True
-
-    def call(self, inputs, start_index=0):
-        tokens = self.token_embedding(inputs)  # (B, T, embedding_dim)
-        return tokens + self.position_embedding(tokens, start_index=start_index)
-
-    def compute_mask(self, inputs, mask=None):
-        return ops.not_equal(inputs, 0) if self.mask_zero else None
-
-    def compute_output_shape(self, inputs_shape):
-        return tuple(inputs_shape) + (self.embedding_dim,)
-
-    def get_config(self):
-        config = super().get_config()
-        names = ("vocab_size", "sequence_length", "embedding_dim", "position", "mask_zero")
-        config.update({name: getattr(self, name) for name in names})
-        config.update(
-            embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
-            max_wavelength=self.max_wavelength,
         )
         return config

@@ -26,7 +26,7 @@ def _transformer_encoder(points, units, num_layers=2, num_heads=4):
     x = keras.layers.Dense(units, name="encoder_projection")(points)  # (B, N, units)
     for i in range(num_layers):
         x = keras_attn.TransformerEncoderBlock(
-            num_heads, 2 * units, name=f"encoder_block_{i}"
+            2 * units, num_heads, name=f"encoder_block_{i}"
         )(x)  # fmt: skip
     pooled = keras.layers.GlobalAveragePooling1D(name="encoder_pooling")(x)  # (B, units)
     h = keras.layers.Dense(units, activation="tanh", name="initial_h")(pooled)

@@ -19,7 +19,7 @@ def transformer_classifier(
     dropout=0.1,
     pooling="mean",
     position="sinusoidal",
-    norm_first=False,
+    normalize_first=False,
     name="transformer_classifier",
 ):
     """A Transformer encoder that classifies token sequences.
@@ -43,10 +43,11 @@ def transformer_classifier(
         num_heads: attention heads per block.
         d_model: embedding and block width.
         intermediate_dim: feed-forward hidden width.
-        dropout: on the embeddings and every residual branch.
+        dropout: on the embeddings and every residual branch (not on the
+            attention weights).
         pooling: `"mean"` or `"attention"`.
         position: `"sinusoidal"` or `"learned"`.
-        norm_first: pre-norm blocks (then a final `LayerNormalization`).
+        normalize_first: pre-norm blocks (then a final `LayerNormalization`).
         name: the model's name.
 
     Returns:
@@ -73,13 +74,14 @@ def transformer_classifier(
     x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
     for i in range(num_layers):
         x = keras_attn.TransformerEncoderBlock(
-            num_heads,
             intermediate_dim,
+            num_heads,
             dropout=dropout,
-            norm_first=norm_first,
+            normalize_first=normalize_first,
+            attention_dropout=0.0,
             name=f"encoder_block_{i}",
         )(x)
-    if norm_first:
+    if normalize_first:
         x = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")(x)
     if pooling == "mean":
         # Over real tokens only; an all-padding input pools to zeros (not 0 / 0).

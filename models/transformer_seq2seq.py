@@ -14,7 +14,7 @@ def transformer_seq2seq(
     d_model=64,
     intermediate_dim=128,
     dropout=0.1,
-    norm_first=False,
+    normalize_first=False,
     max_length=512,
     name="transformer_seq2seq",
 ):
@@ -38,8 +38,9 @@ def transformer_seq2seq(
         num_heads: attention heads per block.
         d_model: embedding and block width.
         intermediate_dim: feed-forward hidden width.
-        dropout: on the embeddings and every residual branch.
-        norm_first: pre-norm blocks, each stack ending with a LayerNorm.
+        dropout: on the embeddings and every residual branch (not on the
+            attention weights).
+        normalize_first: pre-norm blocks, each stack ending with a LayerNorm.
         max_length: a nominal longest sequence (sinusoidal positions accept
             any length).
         name: the model's name.
@@ -63,28 +64,38 @@ def transformer_seq2seq(
     # -- encoder ------------------------------------------------------------
     encoder_inputs = keras.Input((None,), dtype="int32", name="encoder_inputs")
     x = keras_attn.TokenAndPositionEmbedding(
-        source_vocab_size, max_length, d_model, mask_zero=True, name="encoder_embedding"
+        source_vocab_size,
+        max_length,
+        d_model,
+        mask_zero=True,
+        position="sinusoidal",
+        name="encoder_embedding",
     )(encoder_inputs)
     x = keras.layers.Dropout(dropout, name="encoder_embedding_dropout")(x)
     for i in range(num_layers):
         x = keras_attn.TransformerEncoderBlock(
-            num_heads, intermediate_dim, dropout=dropout, norm_first=norm_first,
-            name=f"encoder_block_{i}",
+            intermediate_dim, num_heads, dropout=dropout, normalize_first=normalize_first,
+            attention_dropout=0.0, name=f"encoder_block_{i}",
         )(x)  # fmt: skip
-    if norm_first:
+    if normalize_first:
         x = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")(x)
     # -- decoder ------------------------------------------------------------
     decoder_inputs = keras.Input((None,), dtype="int32", name="decoder_inputs")
     y = keras_attn.TokenAndPositionEmbedding(
-        target_vocab_size, max_length, d_model, mask_zero=True, name="decoder_embedding"
+        target_vocab_size,
+        max_length,
+        d_model,
+        mask_zero=True,
+        position="sinusoidal",
+        name="decoder_embedding",
     )(decoder_inputs)
     y = keras.layers.Dropout(dropout, name="decoder_embedding_dropout")(y)
     for i in range(num_layers):
         y = keras_attn.TransformerDecoderBlock(
-            num_heads, intermediate_dim, dropout=dropout, norm_first=norm_first,
-            name=f"decoder_block_{i}",
+            intermediate_dim, num_heads, dropout=dropout, normalize_first=normalize_first,
+            attention_dropout=0.0, name=f"decoder_block_{i}",
         )(y, x)  # fmt: skip
-    if norm_first:
+    if normalize_first:
         y = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_norm")(y)
     logits = keras.layers.Dense(target_vocab_size, name="logits")(y)
     # -- model --------------------------------------------------------------
@@ -134,11 +145,8 @@ class TransformerDecodingSteps:
         source_mask = ops.not_equal(encoder_inputs, 0)  # (B, S)
         batch = ops.shape(encoder_inputs)[0]
         return {
-            "self": [b.self_attention.empty_cache(batch, max_length) for b in self.blocks],
-            "cross": [
-                b.cross_attention.compute_cache(encoded, value_mask=source_mask)
-                for b in self.blocks
-            ],
+            "self": [b.empty_cache(batch, max_length) for b in self.blocks],
+            "cross": [b.compute_cross_attention_cache(encoded, source_mask) for b in self.blocks],
         }
 
     def step(self, tokens, index, state):

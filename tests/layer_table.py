@@ -136,7 +136,9 @@ def learned(pick, length):
 
 
 def rotary(pick, length):
-    return ka.RotaryEmbedding(dtype=pick.choice(POLICIES)), {"start_index": pick.int(0, 5)}
+    layout = pick.choice(("half", "interleaved"))
+    layer = ka.RotaryEmbedding(layout=layout, dtype=pick.choice(POLICIES))
+    return layer, {"start_index": pick.int(0, 5)}
 
 
 def feed_forward(pick, length):
@@ -147,12 +149,24 @@ def feed_forward(pick, length):
     return layer, {"training": True} if training else {}
 
 
+def position_bias_setup(make):
+    """The position biases called on scores `(B, h, Tq, Tv)`: no mask, position-wise per score."""
+
+    def setup(pick):
+        batch, heads, tq, tv = pick.int(2, 3), 2, pick.int(1, 5), pick.int(1, 6)
+        layer = make(pick.choice(POLICIES))
+        return Setup(layer, {"attention_scores": normal(pick, batch, heads, tq, tv)}, {})
+
+    return setup
+
+
 def token_and_position_setup(pick):
     batch, length = pick.int(2, 3), pick.int(2, 7)
     ids = np.random.default_rng(pick.int(0, 9999)).integers(1, 20, size=(batch, length))
     ids = np.where(pick.mask(batch, length), ids, 0).astype("int32")
+    position = pick.choice(("sinusoidal", "learned"))
     layer = ka.TokenAndPositionEmbedding(
-        20, 10, 6, position=pick.choice(("sinusoidal", "learned")), dtype=pick.choice(POLICIES)
+        20, 10, 6, mask_zero=True, position=position, dtype=pick.choice(POLICIES)
     )
     return Setup(
         layer,
@@ -167,7 +181,7 @@ def token_and_position_setup(pick):
 def block_options(pick):
     training = pick.bool()
     options = {
-        "norm_first": pick.bool(),
+        "normalize_first": pick.bool(),
         "dropout": 0.2 if training else 0.0,
         "attention_dropout": 0.2 if training else 0.0,
         "seed": 3,
@@ -188,7 +202,7 @@ def encoder_setup(pick):
     if training:
         kwargs["training"] = True
     return Setup(
-        ka.TransformerEncoderBlock(num_heads=2, intermediate_dim=16, **options),
+        ka.TransformerEncoderBlock(intermediate_dim=16, num_heads=2, **options),
         {"inputs": normal(pick, batch, length, WIDTH), "padding_mask": mask},
         kwargs,
         padding={"inputs": "padding_mask"},
@@ -223,7 +237,7 @@ def decoder_setup(pick):
     if training:
         kwargs["training"] = True
     return Setup(
-        ka.TransformerDecoderBlock(num_heads=2, intermediate_dim=16, **options),
+        ka.TransformerDecoderBlock(intermediate_dim=16, num_heads=2, **options),
         inputs,
         kwargs,
         padding=padding,
@@ -378,12 +392,28 @@ def with_numpy_weights(layer, seed=0):
     return layer
 
 
-def grouped_rotary(cls, *args, **fixed):
-    """`maker` for a layer with grouped-query heads (one key/value head) and rotary positions."""
+def grouped_rotary(cls, *args, heads, **fixed):
+    """`maker` for a layer with grouped-query heads (one key/value head), rotary positions and
+    a learned T5 position bias over its `heads` (its table drawn at random: not zero)."""
 
     def make(dtype="float32", **overrides):
         rotary = ka.RotaryEmbedding(dtype=dtype)
-        options = {"num_key_value_heads": 1, "rotary_embedding": rotary, **fixed, **overrides}
+        bias = ka.RelativePositionBias(
+            heads, num_buckets=8, max_distance=16, embeddings_initializer="random_normal",
+            dtype=dtype,
+        )  # fmt: skip
+        options = {"num_key_value_heads": 1, "rotary_embedding": rotary, "position_bias": bias,
+                   **fixed, **overrides}  # fmt: skip
+        return cls(*args, **options, dtype=dtype)
+
+    return make
+
+
+def with_alibi(cls, *args, **fixed):
+    """`maker` for a layer with an ALiBi position bias."""
+
+    def make(dtype="float32", **overrides):
+        options = {"position_bias": ka.AlibiBias(dtype=dtype), **fixed, **overrides}
         return cls(*args, **options, dtype=dtype)
 
     return make
@@ -428,7 +458,7 @@ TABLE = {
         for name, (make, kit_make) in ATTENTION.items()
     },
     "MultiHeadAttention": Entry(
-        grouped_rotary(ka.MultiHeadAttention, 2, 4),
+        grouped_rotary(ka.MultiHeadAttention, 2, 4, heads=2),
         attention_cases(causal=True),
         kit={
             "MultiHeadAttention": attention_setup(
@@ -438,6 +468,9 @@ TABLE = {
                     key_dim=4,
                     num_key_value_heads=1,
                     rotary_embedding=ka.RotaryEmbedding(),
+                    position_bias=ka.RelativePositionBias(
+                        2, num_buckets=8, embeddings_initializer="random_normal"
+                    ),
                 ),
                 weights_axis=2,
             ),
@@ -446,9 +479,55 @@ TABLE = {
         variants=IMPLEMENTATIONS,
         reference={"implementation": "dense"},
         decoding={
-            "plain": Decoding({"num_key_value_heads": None, "rotary_embedding": None}),
+            "plain": Decoding(
+                {"num_key_value_heads": None, "rotary_embedding": None, "position_bias": None}
+            ),
             "grouped-query": Decoding({"rotary_embedding": None}),
             "rotary": Decoding({"num_key_value_heads": None}),
+        },
+    ),
+    # Keras' names for grouped-query heads; with the gate and a sliding window on every path.
+    "GroupedQueryAttention": Entry(
+        with_alibi(ka.GroupedQueryAttention, 4, 2, 1, use_gate=True, sliding_window=2),
+        attention_cases(causal=True),
+        kit={
+            "GroupedQueryAttention": attention_setup(
+                _layer(
+                    ka.GroupedQueryAttention,
+                    head_dim=4,
+                    num_query_heads=2,
+                    num_key_value_heads=1,
+                    use_gate=True,
+                    sliding_window=2,
+                    position_bias=ka.AlibiBias(),
+                ),  # fmt: skip
+                weights_axis=2,
+            ),
+        },
+        variants=IMPLEMENTATIONS,
+        reference={"implementation": "dense"},
+        decoding={"windowed": Decoding()},
+    ),
+    "AlibiBias": Entry(
+        maker(ka.AlibiBias),
+        {"scores": Case({"attention_scores": _normal(70, 4, 2, 3, 5)})},
+        kit={"AlibiBias": position_bias_setup(lambda dtype: ka.AlibiBias(dtype=dtype))},
+    ),
+    "RelativePositionBias": Entry(
+        maker(
+            ka.RelativePositionBias,
+            2,
+            num_buckets=8,
+            max_distance=16,
+            embeddings_initializer="random_normal",
+        ),  # fmt: skip
+        {"scores": Case({"attention_scores": _normal(71, 4, 2, 3, 5)})},
+        kit={
+            "RelativePositionBias": position_bias_setup(
+                lambda dtype: ka.RelativePositionBias(
+                    2, num_buckets=8, embeddings_initializer="random_normal", dtype=dtype
+                )
+            )
         },
     ),
     "AttentionPooling": Entry(
@@ -478,7 +557,7 @@ TABLE = {
         },
     ),
     "TokenAndPositionEmbedding": Entry(
-        maker(ka.TokenAndPositionEmbedding, 20, 8, WIDTH, position="learned"),
+        maker(ka.TokenAndPositionEmbedding, 20, 8, WIDTH, mask_zero=True),
         # Token id 0 is padding (an implicit mask): no float input to write content into.
         {"ids": Case({"inputs": np.where(VALUE_MASKS[5], 7, 0).astype("int32")})},
         kit={"TokenAndPositionEmbedding": token_and_position_setup},
@@ -489,12 +568,14 @@ TABLE = {
         kit={"FeedForward": position_setup(feed_forward)},
     ),
     "TransformerEncoderBlock": Entry(
-        grouped_rotary(ka.TransformerEncoderBlock, 2, 16, norm_first=True, activation=SMOOTH),
+        grouped_rotary(
+            ka.TransformerEncoderBlock, 16, 2, heads=2, normalize_first=True, activation=SMOOTH
+        ),
         encoder_cases(),
         kit={"TransformerEncoderBlock": encoder_setup},
     ),
     "TransformerDecoderBlock": Entry(
-        grouped_rotary(ka.TransformerDecoderBlock, 2, 16, activation=SMOOTH),
+        grouped_rotary(ka.TransformerDecoderBlock, 16, 2, heads=2, activation=SMOOTH),
         decoder_cases(),
         kit={"TransformerDecoderBlock": decoder_setup},
         decoding={"cross-attention": Decoding(encoder=True), "decoder-only": Decoding()},

@@ -77,7 +77,7 @@ def alibi(num_heads, tq, tv, alibi_bias_max=8, query_start=None):
 
 
 def t5_bucket(relative_position, bidirectional, num_buckets, max_distance):
-    """T5's bucket of one `key - query` offset, as the paper's reference code computes it, in floats."""
+    """T5's bucket of one `key - query` offset, as the paper's reference code computes it."""
     n, bucket = -relative_position, 0
     if bidirectional:
         num_buckets //= 2
@@ -99,5 +99,7 @@ def t5_bias(table, tq, tv, bidirectional, max_distance, query_start=None):
     out = np.zeros((heads, tq, tv))
     for i in range(tq):
         for j in range(tv):
-            out[:, i, j] = table[t5_bucket(j - (i + start), bidirectional, num_buckets, max_distance)]
+            out[:, i, j] = table[
+                t5_bucket(j - (i + start), bidirectional, num_buckets, max_distance)
+            ]
     return out

@@ -103,10 +103,10 @@ def test_an_empty_value_gives_zeros_on_every_path(implementation):
 
 
 def test_a_decoder_block_with_an_empty_source_adds_nothing_in_cross_attention():
-    block = keras_attn.TransformerDecoderBlock(2, 16, bias_initializer="ones")
+    block = keras_attn.TransformerDecoderBlock(16, 2, bias_initializer="ones")
     x = t(rng.normal(size=(2, 4, 8)).astype("float32"))
     block(x, t(np.zeros((2, 0, 8), "float32")))
-    cross = block.cross_attention(x, t(np.zeros((2, 0, 8), "float32")))
+    cross = block._cross_attention_layer(x, t(np.zeros((2, 0, 8), "float32")))
     np.testing.assert_array_equal(np_(cross), np.zeros((2, 4, 8)))
 
 
@@ -179,12 +179,12 @@ def test_stepwise_decoding_after_a_left_padded_prefill_equals_the_full_pass():
 
 
 def test_decoder_block_stepwise_after_a_left_padded_prefill_equals_the_full_pass():
-    block = keras_attn.TransformerDecoderBlock(2, 16)
+    block = keras_attn.TransformerDecoderBlock(16, 2)
     x = rng.normal(size=(2, 6, 8)).astype("float32")
     enc = t(rng.normal(size=(2, 5, 8)).astype("float32"))
     mask = np.array([[1] * 6, [0, 0, 0, 1, 1, 1]], bool)
     full = np_(block(t(x), enc, decoder_padding_mask=t(mask)))
-    cache = block.self_attention.empty_cache(2, 6)
+    cache = block.empty_cache(2, 6)
     out, cache, cross = block(
         t(x[:, :3]), enc, decoder_padding_mask=t(mask[:, :3]), self_attention_cache=cache,
         self_attention_cache_update_index=0,
@@ -221,13 +221,16 @@ def test_sublayers_do_not_start_with_identical_weights():
     additive = keras_attn.AdditiveAttention()
     additive(x, x)
     assert _differ(additive.score_layer.query_kernel, additive.score_layer.key_kernel)
-    block = keras_attn.TransformerDecoderBlock(2, 8)
+    block = keras_attn.TransformerDecoderBlock(8, 2)
     block(x, x)
+    # The attention's query projection, by its Keras name or (before that lands) ours.
+    query = lambda mha: getattr(mha, "_query_dense", None) or mha.query_dense  # noqa: E731
     assert _differ(
-        block.self_attention.query_dense.kernel, block.cross_attention.query_dense.kernel
+        query(block._self_attention_layer).kernel, query(block._cross_attention_layer).kernel
     )
-    ffn = block.feed_forward
-    assert _differ(ffn.intermediate_dense.kernel, ffn.output_dense.kernel)
+    assert _differ(
+        block._feedforward_intermediate_dense.kernel, block._feedforward_output_dense.kernel
+    )
     embedding = keras_attn.TokenAndPositionEmbedding(20, 5, 8, position="learned")
     embedding(t(np.zeros((1, 5), "int32")))
     table = embedding.position_embedding.weights[0]
@@ -238,17 +241,18 @@ def test_sublayers_do_not_start_with_identical_weights():
 
 
 def test_the_residual_dropouts_of_a_seeded_block_drop_different_features():
-    block = keras_attn.TransformerDecoderBlock(2, 8, dropout=0.5, seed=3)
+    block = keras_attn.TransformerDecoderBlock(8, 2, dropout=0.5, seed=3)
     x = t(rng.normal(size=(2, 5, 8)).astype("float32"))
     block(x, x)
     ones = t(np.ones((4, 64), "float32"))
-    dropouts = [block.self_attention_dropout, block.cross_attention_dropout,
-                block.feed_forward_dropout]  # fmt: skip
+    dropouts = [block._self_attention_dropout, block._cross_attention_dropout,
+                block._feedforward_dropout]  # fmt: skip
     kept = [np_(d(ones, training=True)) != 0 for d in dropouts]
     for i in range(3):
         for j in range(i):
             assert not np.array_equal(kept[i], kept[j]), (i, j)
-    seeds = {block.self_attention.seed, block.cross_attention.seed, *(d.seed for d in dropouts)}
+    attentions = (block._self_attention_layer, block._cross_attention_layer)
+    seeds = {*(a.seed for a in attentions), *(d.seed for d in dropouts)}
     assert len(seeds) == 5 and None not in seeds
 
 
@@ -289,7 +293,7 @@ def test_an_explicit_query_mask_is_the_output_mask(make):
     layer, pool = make(), keras_attn.AttentionPooling(4)
     out = layer(x, x, query_mask=mask, value_mask=mask)
     np.testing.assert_allclose(np_(pool(out)), np_(pool(out, mask=mask)), atol=1e-6)
-    block = keras_attn.TransformerEncoderBlock(2, 16)
+    block = keras_attn.TransformerEncoderBlock(16, 2)
     out = block(x, padding_mask=mask)
     np.testing.assert_allclose(np_(pool(out)), np_(pool(out, mask=mask)), atol=1e-6)
 
@@ -314,7 +318,7 @@ def test_list_and_ragged_masks_and_numpy_scalars():
         ragged = tf.ragged.constant([[True, True], [True]])
         with pytest.raises(TypeError, match="`query_mask` must be a dense boolean"):
             layer(x, x, query_mask=ragged)
-    assert keras_attn.TransformerEncoderBlock(np.int64(2), np.int64(16)).num_heads == 2
+    assert keras_attn.TransformerEncoderBlock(np.int64(16), np.int64(2)).num_heads == 2
 
 
 # -- a NaN at a masked key reaches no gradient of the score layers -------------------------

@@ -24,7 +24,13 @@ BUILDERS = {
         vocab, vocab, num_layers=2, num_heads=2, d_model=16, intermediate_dim=32
     ),
     "transformer_pre_norm": lambda vocab: transformer_seq2seq(
-        vocab, vocab, num_layers=2, num_heads=2, d_model=16, intermediate_dim=32, norm_first=True
+        vocab,
+        vocab,
+        num_layers=2,
+        num_heads=2,
+        d_model=16,
+        intermediate_dim=32,
+        normalize_first=True,
     ),
     "rnn_additive_lstm": lambda vocab: rnn_seq2seq(vocab, vocab, 8, 16, score="additive"),
     "rnn_bilinear_gru": lambda vocab: rnn_seq2seq(vocab, vocab, 8, 16, "bilinear", cell="gru"),

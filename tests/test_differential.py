@@ -98,14 +98,7 @@ def test_the_table_covers_every_public_layer():
 CONTENTS = ("zeros", "huge", "inf", "nan")
 # The defects the checks find in the library as it is, by test id (`layer-case-variant-kind`,
 # a regular expression matched from the start): strict xfails.
-LIBRARY_DEFECTS = {
-    # A padded row goes through the residual and the norms: the gradient there is 0 * NaN.
-    # (Zeroing an explicitly padded input would make the implicit and explicit masks give
-    # different padded rows; left open.)
-    r"Transformer(Encoder|Decoder)Block-.*-(huge|inf-nan)": (
-        "blocks: huge/inf/NaN at padded steps make the gradients (inputs, norms, FFN) NaN"
-    ),
-}
+LIBRARY_DEFECTS = {}
 
 
 def defect(test_id):

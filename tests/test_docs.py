@@ -69,3 +69,20 @@ def test_readme_zoo_runs():
     assert sorted(namespace["order"][0].tolist()) == [0, 1, 2, 3, 4]
     assert namespace["tokens"].shape == (1, 8) and namespace["best"].shape == (1, 8)
     assert namespace["outputs"]["sentence_attention"].shape == (1, 6)
+
+
+def test_readme_biases_run():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    (snippet,) = [b for b in blocks if "AlibiBias()" in b]
+    namespace = {}
+    exec(compile(snippet, "README biases", "exec"), namespace)
+    assert namespace["y"].shape == namespace["z"].shape == namespace["w"].shape == (2, 64, 32)
+
+
+def test_readme_coming_from_keras_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    (snippet,) = [b for b in blocks if "keras_hub.layers.TransformerEncoder" in b]
+    namespace = {}
+    exec(compile(snippet, "README coming from Keras", "exec"), namespace)
+    for name in ("layer", "block"):
+        assert type(namespace[name]).__module__.startswith("keras_attn")

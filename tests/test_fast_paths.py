@@ -254,7 +254,7 @@ def test_mha_fused_path_fully_masked_rows(jit):
 
 def test_mha_weights_layout_still_equals_keras():
     theirs = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3, value_dim=5, output_shape=7)
-    ours = keras_attn.MultiHeadAttention(num_heads=2, key_dim=3, value_dim=5, output_dim=7)
+    ours = keras_attn.MultiHeadAttention(num_heads=2, key_dim=3, value_dim=5, output_shape=7)
     # Keras' einsum path: its fused dot_product_attention needs value_dim == key_dim on JAX.
     theirs(X, X, return_attention_scores=True)
     ours(X, X)

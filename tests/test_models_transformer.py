@@ -16,14 +16,14 @@ def np_(x):
 
 
 @pytest.mark.parametrize(
-    "pooling,position,norm_first",
+    "pooling,position,normalize_first",
     [("mean", "sinusoidal", False), ("attention", "learned", True)],
 )
-def test_transformer_classifier_model_checks(pooling, position, norm_first, tmp_path):
+def test_transformer_classifier_model_checks(pooling, position, normalize_first, tmp_path):
     model = transformer_classifier(
         vocab_size=20, sequence_length=9, num_classes=3, num_layers=2, num_heads=2,
         d_model=16, intermediate_dim=32, pooling=pooling, position=position,
-        norm_first=norm_first,
+        normalize_first=normalize_first,
     )  # fmt: skip
     x = padded_tokens(rng, 16, 9, 20)
     y = rng.integers(0, 3, size=16)
@@ -50,10 +50,16 @@ def seq2seq_data(batch, length, vocab):
     return {"encoder_inputs": source, "decoder_inputs": decoder_inputs}, target
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_transformer_seq2seq_model_checks(norm_first, tmp_path):
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_transformer_seq2seq_model_checks(normalize_first, tmp_path):
     model = transformer_seq2seq(
-        14, 12, num_layers=2, num_heads=2, d_model=16, intermediate_dim=32, norm_first=norm_first
+        14,
+        12,
+        num_layers=2,
+        num_heads=2,
+        d_model=16,
+        intermediate_dim=32,
+        normalize_first=normalize_first,
     )
     x, y = seq2seq_data(16, 7, 12)
     check_model(

@@ -66,7 +66,7 @@ def test_layer_checks_causal(tmp_path):
 @pytest.mark.parametrize("kv_heads", [None, 2])
 def test_matches_numpy_reference(kv_heads):
     layer = keras_attn.MultiHeadAttention(
-        num_heads=4, key_dim=3, value_dim=5, num_key_value_heads=kv_heads, output_dim=7
+        num_heads=4, key_dim=3, value_dim=5, num_key_value_heads=kv_heads, output_shape=7
     )
     layer.build(Q.shape, V.shape)
     for w in layer.weights:  # non-zero biases, so the bias paths are checked too
@@ -89,7 +89,7 @@ def test_matches_numpy_reference(kv_heads):
 
 def test_equals_keras_multi_head_attention_with_copied_weights():
     theirs = keras.layers.MultiHeadAttention(num_heads=3, key_dim=4, value_dim=5, output_shape=6)
-    ours = keras_attn.MultiHeadAttention(num_heads=3, key_dim=4, value_dim=5, output_dim=6)
+    ours = keras_attn.MultiHeadAttention(num_heads=3, key_dim=4, value_dim=5, output_shape=6)
     # Keras' einsum path: its fused dot_product_attention needs value_dim == key_dim on JAX.
     theirs(Q, V, return_attention_scores=True)
     ours(Q, V)

@@ -1,18 +1,17 @@
-"""Positional encodings: shared checks, NumPy references of each formula, errors."""
+"""Positional encodings: shared checks, NumPy references of each formula, keras-hub's
+layers with copied weights, errors."""
 
 import functools
 
 import keras
 import numpy as np
 import pytest
+from keras_hub import layers as hub
 
 from keras_attn import ScaledDotAttention
-from keras_attn.positional import (
-    LearnedPositionalEmbedding,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    TokenAndPositionEmbedding,
-)
+from keras_attn.embeddings import TokenAndPositionEmbedding
+from keras_attn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from keras_attn.rotary import RotaryEmbedding
 from layer_checks import check_layer
 
 # ---------------------------------------------------------------------------
@@ -31,17 +30,20 @@ def np_sinusoidal(positions, depth, max_wavelength=10000):
     return out
 
 
-def np_rotary(x, positions, max_wavelength=10000, scaling_factor=1.0):
-    """Rotates each pair `(x_2i, x_2i+1)` by `pos / scaling_factor * theta_i`."""
+def np_rotary(x, positions, max_wavelength=10000, scaling_factor=1.0, layout="half"):
+    """Rotates each channel pair of `x` `(B, T, ..., d)` by `pos / scaling_factor * theta_i`.
+
+    Pairs: `(x_i, x_{i + d/2})` for "half", `(x_2i, x_2i+1)` for "interleaved".
+    """
     x = np.asarray(x, np.float64)
     depth = x.shape[-1]
     out = np.empty_like(x)
     for t, pos in enumerate(positions):
         for i in range(depth // 2):
+            a, b = (i, i + depth // 2) if layout == "half" else (2 * i, 2 * i + 1)
             angle = pos / scaling_factor * max_wavelength ** (-2 * i / depth)
-            rotation = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
-            pair = x[:, t, ..., 2 * i : 2 * i + 2]  # (B, [H,] 2)
-            out[:, t, ..., 2 * i : 2 * i + 2] = pair @ rotation.T
+            out[:, t, ..., a] = x[:, t, ..., a] * np.cos(angle) - x[:, t, ..., b] * np.sin(angle)
+            out[:, t, ..., b] = x[:, t, ..., b] * np.cos(angle) + x[:, t, ..., a] * np.sin(angle)
     return out
 
 
@@ -56,57 +58,73 @@ def padded_ids(rng, batch=3, length=7, vocab=20):
     return ids
 
 
+def normal(seed, *shape):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
 # ---------------------------------------------------------------------------
-# The shared layer checks
+# The shared layer checks (config round trip, symbolic/eager, .keras and
+# SavedModel reload, a fit step, mixed precision)
 # ---------------------------------------------------------------------------
 
 
-def test_sinusoidal_check_layer(tmp_path):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(2, 6, 5)).astype("float32")  # odd d
+@pytest.mark.parametrize("shape", [(2, 6, 5), (2, 3, 6, 4)])  # odd d; rank 4
+def test_sinusoidal_check_layer(tmp_path, shape):
     check_layer(
         functools.partial(SinusoidalPositionalEncoding, max_wavelength=100),
-        {"inputs": x},
+        {"inputs": normal(0, *shape)},
         call_kwargs={"start_index": 3},
         expect_trainable=False,
         tmp_path=tmp_path,
     )
 
 
-def test_learned_check_layer(tmp_path):
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(2, 6, 4)).astype("float32")
+@pytest.mark.parametrize("shape", [(2, 6, 4), (2, 3, 6, 4)])
+def test_learned_check_layer(tmp_path, shape):
     check_layer(
         functools.partial(LearnedPositionalEmbedding, sequence_length=10),
-        {"inputs": x},
+        {"inputs": normal(1, *shape)},
         call_kwargs={"start_index": 2},
         tmp_path=tmp_path,
     )
 
 
-@pytest.mark.parametrize("shape", [(2, 6, 8), (2, 5, 3, 4)])
-def test_rotary_check_layer(tmp_path, shape):
-    rng = np.random.default_rng(2)
-    x = rng.normal(size=shape).astype("float32")
+@pytest.mark.parametrize(
+    "shape, options",
+    [
+        ((2, 6, 8), {}),
+        ((2, 5, 3, 4), {"layout": "interleaved"}),
+        ((2, 4, 5), {"sequence_axis": -1, "feature_axis": 1}),  # (B, d, T)
+    ],
+)
+def test_rotary_check_layer(tmp_path, shape, options):
     check_layer(
-        functools.partial(RotaryEmbedding, max_wavelength=100, scaling_factor=2.0),
-        {"inputs": x},
+        functools.partial(RotaryEmbedding, max_wavelength=100, scaling_factor=2.0, **options),
+        {"inputs": normal(2, *shape)},
         call_kwargs={"start_index": 1},
         expect_trainable=False,
         tmp_path=tmp_path,
     )
 
 
-@pytest.mark.parametrize("position", ["sinusoidal", "learned"])
-def test_token_and_position_check_layer(tmp_path, position):
+@pytest.mark.filterwarnings("ignore:Gradients do not exist")  # an unused reverse table
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"position": "sinusoidal", "mask_zero": True},
+        {"position": "learned", "mask_zero": True, "tie_weights": False},
+        {"embeddings_regularizer": "l2"},
+    ],
+)
+def test_token_and_position_check_layer(tmp_path, options):
     ids = padded_ids(np.random.default_rng(3))
     check_layer(
         functools.partial(
             TokenAndPositionEmbedding,
-            vocab_size=20,
+            vocabulary_size=20,
             sequence_length=10,
             embedding_dim=6,
-            position=position,
+            **options,
         ),
         {"inputs": ids},
         tmp_path=tmp_path,
@@ -127,7 +145,7 @@ def test_sinusoidal_hand_computed():
 
 @pytest.mark.parametrize("depth", [1, 4, 7, 16])
 def test_sinusoidal_matches_numpy(depth):
-    x = np.random.default_rng(4).normal(size=(3, 11, depth)).astype("float32")
+    x = normal(4, 3, 11, depth)
     out = to_numpy(SinusoidalPositionalEncoding(max_wavelength=500)(x))
     assert out.shape == x.shape and out.dtype == np.float32
     expected = np_sinusoidal(range(11), depth, max_wavelength=500)
@@ -152,6 +170,31 @@ def test_sinusoidal_dynamic_length():
         np.testing.assert_allclose(out[1], np_sinusoidal(range(length), 5), atol=1e-5)
 
 
+def test_sinusoidal_positions_and_rank_4():
+    # (B, X, T, d): the sequence is the second-to-last axis; positions (B, T) per example.
+    x = np.zeros((2, 3, 4, 6), "float32")
+    positions = np.array([[0, 5, 2, 9], [7, 7, 1, 0]])
+    out = to_numpy(SinusoidalPositionalEncoding()(x, positions=positions))
+    for b in range(2):
+        expected = np.broadcast_to(np_sinusoidal(positions[b], 6), (3, 4, 6))
+        np.testing.assert_allclose(out[b], expected, atol=1e-5)
+    shared = to_numpy(SinusoidalPositionalEncoding()(x, positions=positions[0]))  # (T,)
+    np.testing.assert_allclose(
+        shared, np.broadcast_to(np_sinusoidal(positions[0], 6), x.shape), atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("depth", [5, 8])
+def test_sinusoidal_equals_keras_hub(depth):
+    x = normal(12, 2, 3, 7, depth)
+    ours, theirs = SinusoidalPositionalEncoding(max_wavelength=300), hub.SinePositionEncoding(300)
+    for kwargs in ({}, {"start_index": 4}, {"positions": np.array([[3, 1, 4, 1, 5, 9, 2]] * 2)}):
+        np.testing.assert_allclose(
+            to_numpy(ours(x[:, 0], **kwargs)), to_numpy(theirs(x[:, 0], **kwargs)), atol=1e-5
+        )
+    np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs(x)), atol=1e-5)  # rank 4
+
+
 def test_output_dtype_follows_policy():
     x = np.ones((2, 3, 4), "float32")
     for layer in (SinusoidalPositionalEncoding, RotaryEmbedding):
@@ -166,15 +209,19 @@ def test_output_dtype_follows_policy():
 
 def test_learned_equals_table_rows():
     layer = LearnedPositionalEmbedding(sequence_length=9)
-    x = np.random.default_rng(5).normal(size=(2, 4, 3)).astype("float32")
+    x = normal(5, 2, 4, 3)
     out = to_numpy(layer(x))
-    table = to_numpy(layer.embeddings)
-    assert table.shape == (9, 3)
+    table = to_numpy(layer.position_embeddings)
+    assert table.shape == (9, 3) and [w.path for w in layer.weights] == [f"{layer.name}/embeddings"]
     np.testing.assert_allclose(out, np.broadcast_to(table[:4], x.shape), atol=1e-6)
     for start in (3, keras.ops.convert_to_tensor(5)):
         out = to_numpy(layer(x, start_index=start))
         s = int(to_numpy(start))
         np.testing.assert_allclose(out[1], table[s : s + 4], atol=1e-6)
+    positions = np.array([[8, 0, 0, 3], [1, 2, 8, 7]])
+    np.testing.assert_array_equal(to_numpy(layer(x, positions=positions)), table[positions])
+    rank_4 = to_numpy(layer(normal(5, 2, 5, 4, 3), positions=positions))  # (B, X, T, d)
+    np.testing.assert_array_equal(rank_4, np.broadcast_to(table[positions][:, None], (2, 5, 4, 3)))
 
 
 def test_learned_dynamic_length():
@@ -182,7 +229,25 @@ def test_learned_dynamic_length():
     layer = LearnedPositionalEmbedding(sequence_length=8)
     model = keras.Model(inputs, layer(inputs))
     out = to_numpy(model(np.zeros((1, 5, 3), "float32")))
-    np.testing.assert_allclose(out[0], to_numpy(layer.embeddings)[:5], atol=1e-6)
+    np.testing.assert_allclose(out[0], to_numpy(layer.position_embeddings)[:5], atol=1e-6)
+
+
+def test_learned_equals_keras_hub_with_copied_weights():
+    x = normal(13, 2, 3, 5, 4)  # rank 4; rank 3 is x[:, 0]
+    theirs = hub.PositionEmbedding(sequence_length=8)
+    theirs(x)
+    ours = LearnedPositionalEmbedding(sequence_length=8)
+    ours(x)
+    ours.set_weights(theirs.get_weights())
+    positions = np.array([[7, 0, 3, 3, 1], [2, 6, 5, 4, 0]])
+    for inputs, kwargs in (
+        (x, {}),
+        (x[:, 0], {"start_index": 3}),
+        (x[:, 0], {"positions": positions}),
+    ):
+        np.testing.assert_array_equal(
+            to_numpy(ours(inputs, **kwargs)), to_numpy(theirs(inputs, **kwargs))
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -190,34 +255,87 @@ def test_learned_dynamic_length():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("shape", [(2, 9, 6), (2, 7, 3, 8)])
-def test_rotary_matches_pairwise_rotation(shape):
-    x = np.random.default_rng(6).normal(size=shape).astype("float32")
-    layer = RotaryEmbedding(max_wavelength=1000, scaling_factor=2.0)
+def test_rotary_matches_pairwise_rotation(shape, layout):
+    x = normal(6, *shape)
+    layer = RotaryEmbedding(max_wavelength=1000, scaling_factor=2.0, layout=layout)
     out = to_numpy(layer(x, start_index=4))
-    expected = np_rotary(x, range(4, 4 + shape[1]), 1000, scaling_factor=2.0)
+    expected = np_rotary(x, range(4, 4 + shape[1]), 1000, scaling_factor=2.0, layout=layout)
     np.testing.assert_allclose(out, expected, atol=1e-5)
     np.testing.assert_allclose(
-        to_numpy(RotaryEmbedding()(x)), np_rotary(x, range(shape[1])), atol=1e-5
+        to_numpy(RotaryEmbedding(layout=layout)(x)),
+        np_rotary(x, range(shape[1]), layout=layout),
+        atol=1e-5,
     )
+
+
+def test_rotary_layouts_are_a_channel_permutation_of_each_other():
+    # interleaved(x) = P^-1 half(P x), P taking channels (0, 2, 4, ..., 1, 3, 5, ...).
+    x = normal(14, 2, 5, 3, 8)
+    order = np.concatenate([np.arange(0, 8, 2), np.arange(1, 8, 2)])
+    half = to_numpy(RotaryEmbedding()(x[..., order], start_index=2))
+    interleaved = to_numpy(RotaryEmbedding(layout="interleaved")(x, start_index=2))
+    np.testing.assert_allclose(interleaved[..., order], half, atol=1e-6)
+
+
+def test_rotary_positions_equal_start_index_and_rows():
+    x = normal(15, 2, 4, 3, 6)
+    layer = RotaryEmbedding()
+    by_start = to_numpy(layer(x, start_index=5))
+    np.testing.assert_allclose(to_numpy(layer(x, positions=np.arange(5, 9))), by_start, atol=1e-6)
+    positions = np.array([[5, 6, 7, 8], [0, 3, 3, 1]], "float32")  # (B, T): one row each
+    out = to_numpy(layer(x, positions=positions))
+    np.testing.assert_allclose(out[0], by_start[0], atol=1e-6)
+    np.testing.assert_allclose(out[1], np_rotary(x[1:], positions[1])[0], atol=1e-5)
+
+
+def test_rotary_axes():
+    x = normal(16, 2, 5, 3, 6)  # (B, T, H, d)
+    expected = to_numpy(RotaryEmbedding()(x, start_index=2))
+    moved = np.transpose(x, (0, 3, 2, 1))  # (B, d, H, T)
+    layer = RotaryEmbedding(sequence_axis=3, feature_axis=-3)
+    out = to_numpy(layer(moved, start_index=2))
+    np.testing.assert_allclose(np.transpose(out, (0, 3, 2, 1)), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "shape, options",
+    [
+        ((2, 6, 8), {}),
+        ((2, 6, 3, 4), {"scaling_factor": 4.0}),
+        ((2, 8, 6), {"sequence_axis": -1, "feature_axis": -2}),
+    ],
+)
+def test_rotary_equals_keras_hub(shape, options):
+    x = normal(17, *shape)
+    ours = RotaryEmbedding(max_wavelength=500, **options)
+    theirs = hub.RotaryEmbedding(max_wavelength=500, **options)
+    length = x.shape[options.get("sequence_axis", 1)]
+    rows = np.random.default_rng(0).integers(0, 50, size=(2, length))
+    for kwargs in ({}, {"start_index": 7}, {"positions": rows[0]}, {"positions": rows}):
+        np.testing.assert_allclose(
+            to_numpy(ours(x, **kwargs)), to_numpy(theirs(x, **kwargs)), atol=1e-5
+        )
 
 
 def test_rotary_preserves_norms_and_is_relative():
     rng = np.random.default_rng(7)
     q, k = rng.normal(size=(2, 16)).astype("float32")
     length = 12
-    layer = RotaryEmbedding()
-    # The same q (and k) at every position: scores[m, n] = <R(m) q, R(n) k>.
-    rq = to_numpy(layer(np.tile(q, (1, length, 1))))[0]  # (T, d)
-    rk = to_numpy(layer(np.tile(k, (1, length, 1))))[0]
-    np.testing.assert_allclose(
-        np.linalg.norm(rq, axis=-1), np.full(length, np.linalg.norm(q)), rtol=1e-5
-    )
-    scores = rq @ rk.T
-    for offset in range(-length + 1, length):
-        diagonal = np.diagonal(scores, offset)  # all (m, n) with n - m = offset
-        np.testing.assert_allclose(diagonal, diagonal[0], atol=1e-4)
-    assert np.ptp(np.diagonal(scores, 0)) < 1e-4 and np.ptp(scores) > 1e-2
+    for layout in ("half", "interleaved"):
+        layer = RotaryEmbedding(layout=layout)
+        # The same q (and k) at every position: scores[m, n] = <R(m) q, R(n) k>.
+        rq = to_numpy(layer(np.tile(q, (1, length, 1))))[0]  # (T, d)
+        rk = to_numpy(layer(np.tile(k, (1, length, 1))))[0]
+        np.testing.assert_allclose(
+            np.linalg.norm(rq, axis=-1), np.full(length, np.linalg.norm(q)), rtol=1e-5
+        )
+        scores = rq @ rk.T
+        for offset in range(-length + 1, length):
+            diagonal = np.diagonal(scores, offset)  # all (m, n) with n - m = offset
+            np.testing.assert_allclose(diagonal, diagonal[0], atol=1e-4)
+        assert np.ptp(np.diagonal(scores, 0)) < 1e-4 and np.ptp(scores) > 1e-2
 
 
 # ---------------------------------------------------------------------------
@@ -225,25 +343,91 @@ def test_rotary_preserves_norms_and_is_relative():
 # ---------------------------------------------------------------------------
 
 
+def test_token_and_position_defaults_are_keras_hubs():
+    layer = TokenAndPositionEmbedding(20, 10, 6)
+    ids = padded_ids(np.random.default_rng(8))
+    layer(ids)
+    assert (layer.position, layer.mask_zero, layer.tie_weights) == ("learned", False, True)
+    assert layer.compute_mask(ids) is None and len(layer.trainable_weights) == 2
+
+
 @pytest.mark.parametrize("position", ["sinusoidal", "learned"])
 def test_token_and_position_equals_lookup_plus_encoding(position):
     ids = padded_ids(np.random.default_rng(8))
-    layer = TokenAndPositionEmbedding(20, 10, 6, position=position)
+    layer = TokenAndPositionEmbedding(20, 10, 6, position=position, mask_zero=True)
     out = to_numpy(layer(ids, start_index=2))
     table = to_numpy(layer.token_embedding.embeddings)
     if position == "learned":
-        encoding = to_numpy(layer.position_embedding.embeddings)[2:9]
+        encoding = to_numpy(layer.position_embedding.position_embeddings)[2:9]
     else:
         encoding = np_sinusoidal(range(2, 9), 6)
     np.testing.assert_allclose(out, table[ids] + encoding, atol=1e-5)
     np.testing.assert_array_equal(to_numpy(layer.compute_mask(ids)), ids != 0)
+    positions = np.array([9, 0, 1, 1, 2, 3, 4])
+    if position == "learned":
+        encoding = to_numpy(layer.position_embedding.position_embeddings)[positions]
+    else:
+        encoding = np_sinusoidal(positions, 6)
+    np.testing.assert_allclose(
+        to_numpy(layer(ids, positions=positions)), table[ids] + encoding, atol=1e-5
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Layer 'position_embedding'")  # keras-hub's, on its mask
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_token_and_position_equals_keras_hub_with_copied_weights(tie_weights):
+    ids = padded_ids(np.random.default_rng(18))
+    options = dict(tie_weights=tie_weights, mask_zero=True)
+    theirs = hub.TokenAndPositionEmbedding(20, 10, 6, **options)
+    ours = TokenAndPositionEmbedding(20, 10, 6, **options)
+    theirs(ids), ours(ids)
+    assert [w.shape for w in ours.weights] == [w.shape for w in theirs.weights]
+    ours.set_weights(theirs.get_weights())
+    for kwargs in ({}, {"start_index": 3}, {"positions": np.array([[4, 3, 2, 1, 0, 0, 0]] * 3)}):
+        np.testing.assert_allclose(
+            to_numpy(ours(ids, **kwargs)), to_numpy(theirs(ids, **kwargs)), atol=1e-6
+        )
+    np.testing.assert_array_equal(to_numpy(ours.compute_mask(ids)), ids != 0)
+    hidden = normal(19, 3, 7, 6)
+    np.testing.assert_allclose(
+        to_numpy(ours.token_embedding(hidden, reverse=True)),
+        to_numpy(theirs.token_embedding(hidden, reverse=True)),
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_token_and_position_reverse_projection(tie_weights):
+    layer = TokenAndPositionEmbedding(20, 10, 6, tie_weights=tie_weights)
+    layer(padded_ids(np.random.default_rng(20)))
+    hidden = normal(21, 3, 7, 6)
+    logits = to_numpy(layer.token_embedding(hidden, reverse=True))
+    table = to_numpy(layer.token_embedding.embeddings)  # (V, d)
+    if tie_weights:
+        np.testing.assert_allclose(logits, hidden @ table.T, atol=1e-5)
+    else:
+        reverse = to_numpy(layer.token_embedding.reverse_embeddings)  # (d, V), its own draw
+        assert not np.allclose(reverse.reshape(-1), table.reshape(-1))
+        np.testing.assert_allclose(logits, hidden @ reverse, atol=1e-5)
+
+
+def test_token_and_position_regularizer_and_rank_3_ids():
+    layer = TokenAndPositionEmbedding(20, 10, 6, embeddings_regularizer=keras.regularizers.L2(0.1))
+    ids = np.stack([padded_ids(np.random.default_rng(22))] * 2, axis=1)  # (B, X, T)
+    out = to_numpy(layer(ids))
+    assert out.shape == (3, 2, 7, 6) and len(layer.losses) == 1
+    table = to_numpy(layer.token_embedding.embeddings)
+    np.testing.assert_allclose(float(layer.losses[0]), 0.1 * np.sum(table**2), rtol=1e-5)
+    np.testing.assert_allclose(
+        out, table[ids] + to_numpy(layer.position_embedding.position_embeddings)[:7], atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("position", ["sinusoidal", "learned"])
 def test_token_and_position_mask_reaches_attention(position):
     ids = padded_ids(np.random.default_rng(9))
     inputs = keras.Input(shape=(None,), dtype="int32")
-    x = TokenAndPositionEmbedding(20, 10, 6, position=position)(inputs)
+    x = TokenAndPositionEmbedding(20, 10, 6, position=position, mask_zero=True)(inputs)
     _, weights = ScaledDotAttention()(x, x, return_attention_scores=True)
     weights = to_numpy(keras.Model(inputs, weights)(ids))  # (B, T, T)
     padded_keys = np.broadcast_to((ids == 0)[:, None, :], weights.shape)
@@ -282,27 +466,75 @@ def test_positional_layers_pass_the_mask_through(make):
 
 
 @pytest.mark.parametrize(
-    "make, match",
+    "make, error, match",
     [
-        (lambda: SinusoidalPositionalEncoding(max_wavelength=-1), "max_wavelength=-1"),
-        (lambda: LearnedPositionalEmbedding(sequence_length=-4), "sequence_length=-4"),
-        (lambda: LearnedPositionalEmbedding(sequence_length=2.5), "sequence_length=2.5"),
-        (lambda: RotaryEmbedding(max_wavelength=0), "max_wavelength=0"),
-        (lambda: RotaryEmbedding(scaling_factor=-2.0), "scaling_factor=-2.0"),
-        (lambda: TokenAndPositionEmbedding(-1, 10, 4), "vocab_size=-1"),
-        (lambda: TokenAndPositionEmbedding(20, 0, 4), "sequence_length=0"),
-        (lambda: TokenAndPositionEmbedding(20, 10, -8), "embedding_dim=-8"),
-        (lambda: TokenAndPositionEmbedding(20, 10, 4, position="rope"), "position='rope'"),
+        (lambda: SinusoidalPositionalEncoding(max_wavelength=-1), ValueError, "max_wavelength=-1"),
+        (lambda: LearnedPositionalEmbedding(sequence_length=-4), ValueError, "sequence_length=-4"),
+        (
+            lambda: LearnedPositionalEmbedding(sequence_length=2.5),
+            ValueError,
+            "sequence_length=2.5",
+        ),
+        (lambda: RotaryEmbedding(max_wavelength=0), ValueError, "max_wavelength=0"),
+        (lambda: RotaryEmbedding(scaling_factor=-2.0), ValueError, "scaling_factor=-2.0"),
+        (lambda: RotaryEmbedding(layout="pairs"), ValueError, "layout='pairs'"),
+        (lambda: RotaryEmbedding(sequence_axis="1"), TypeError, "sequence_axis='1'"),
+        (lambda: RotaryEmbedding(feature_axis=1.0), TypeError, "feature_axis=1.0"),
+        (lambda: RotaryEmbedding(sequence_axis=2, feature_axis=2), ValueError, "feature_axis=2"),
+        (lambda: TokenAndPositionEmbedding(-1, 10, 4), ValueError, "vocabulary_size=-1"),
+        (lambda: TokenAndPositionEmbedding(20, 0, 4), ValueError, "sequence_length=0"),
+        (lambda: TokenAndPositionEmbedding(20, 10, -8), ValueError, "embedding_dim=-8"),
+        (
+            lambda: TokenAndPositionEmbedding(20, 10, 4, position="rope"),
+            ValueError,
+            "position='rope'",
+        ),
+        (
+            lambda: TokenAndPositionEmbedding(20, 10, 4, tie_weights="no"),
+            TypeError,
+            "tie_weights='no'",
+        ),
+        (lambda: TokenAndPositionEmbedding(20, 10, 4, mask_zero=1), TypeError, "mask_zero=1"),
     ],
 )
-def test_bad_arguments(make, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments(make, error, match):
+    with pytest.raises(error, match=match):
         make()
 
 
-def test_rotary_odd_depth():
-    with pytest.raises(ValueError, match="even"):
+def test_rotary_bad_axes_and_widths():
+    with pytest.raises(ValueError, match="must be known and even"):
         RotaryEmbedding()(np.zeros((1, 3, 5), "float32"))
+    with pytest.raises(ValueError, match=r"`sequence_axis` must be an axis .*sequence_axis=3"):
+        RotaryEmbedding(sequence_axis=3)(np.zeros((1, 3, 4), "float32"))
+    with pytest.raises(ValueError, match="must be different axes"):  # 2 and -1 of a rank-3 input
+        RotaryEmbedding(sequence_axis=2)(np.zeros((1, 3, 4), "float32"))
+
+
+@pytest.mark.parametrize(
+    "layer", [SinusoidalPositionalEncoding(), RotaryEmbedding(), LearnedPositionalEmbedding(8)]
+)
+def test_bad_positions(layer):
+    x = np.zeros((2, 3, 4), "float32")
+    with pytest.raises(ValueError, match=r"positions.shape=\(2,\)"):
+        layer(x, positions=np.array([0, 1]))
+    with pytest.raises(ValueError, match=r"positions.shape=\(1, 2, 3\)"):
+        layer(x, positions=np.zeros((1, 2, 3), "int32"))
+    with pytest.raises(ValueError, match="not both.*start_index=2"):
+        layer(x, start_index=2, positions=np.array([0, 1, 2]))
+
+
+def test_learned_bad_positions():
+    layer = LearnedPositionalEmbedding(sequence_length=8)
+    x = np.zeros((1, 3, 4), "float32")
+    with pytest.raises(
+        ValueError, match=r"\[0, sequence_length=8\)\. Received: positions from 0 to 8"
+    ):
+        layer(x, positions=np.array([0, 8, 1]))
+    with pytest.raises(ValueError, match="positions from -1 to 2"):
+        layer(x, positions=np.array([[-1, 2, 1]]))
+    with pytest.raises(TypeError, match="positions.dtype=float32"):
+        layer(x, positions=np.array([0.0, 1.0, 2.0], "float32"))
 
 
 def test_learned_too_long():
@@ -313,13 +545,13 @@ def test_learned_too_long():
     with pytest.raises(ValueError, match=r"length=4, start_index=5, sequence_length=8"):
         layer(np.zeros((1, 4, 4), "float32"), start_index=5)
     with pytest.raises(ValueError, match="sequence_length=6"):
-        TokenAndPositionEmbedding(20, 6, 4, position="learned")(np.ones((1, 7), "int32"))
+        TokenAndPositionEmbedding(20, 6, 4)(np.ones((1, 7), "int32"))
 
 
 def test_bad_ranks():
-    with pytest.raises(ValueError, match="rank 3"):
+    with pytest.raises(ValueError, match=r"rank >= 3\. Received: inputs.shape=\(2, 4\)"):
         SinusoidalPositionalEncoding()(np.zeros((2, 4), "float32"))
-    with pytest.raises(ValueError, match="rank 3 or 4"):
+    with pytest.raises(ValueError, match=r"rank >= 3\. Received: inputs.shape=\(2, 4\)"):
         RotaryEmbedding()(np.zeros((2, 4), "float32"))
-    with pytest.raises(ValueError, match="rank 2"):
-        TokenAndPositionEmbedding(20, 10, 4)(np.zeros((2, 4, 1), "int32"))
+    with pytest.raises(ValueError, match=r"rank >= 2\. Received: inputs.shape=\(4,\)"):
+        TokenAndPositionEmbedding(20, 10, 4)(np.zeros((4,), "int32"))

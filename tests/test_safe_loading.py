@@ -84,6 +84,22 @@ CASES = {
         ),
         use_causal_mask=True,
     ),
+    "GroupedQueryAttention+AlibiBias": lambda: _attention(
+        ka.GroupedQueryAttention(
+            4, 2, 1, sliding_window=3, use_gate=True, position_bias=ka.AlibiBias()
+        ),  # fmt: skip
+        use_causal_mask=True,
+    ),
+    "MultiHeadAttention+RelativePositionBias": lambda: _attention(
+        ka.MultiHeadAttention(
+            2,
+            4,
+            position_bias=ka.RelativePositionBias(
+                2, num_buckets=8, bidirectional=False, embeddings_initializer="random_normal"
+            ),
+        ),
+        use_causal_mask=True,
+    ),  # fmt: skip
     "AttentionPooling": lambda: _wrapped(
         ka.AttentionPooling(units=4), {"inputs": V, "mask": V_MASK}
     ),
@@ -98,9 +114,9 @@ CASES = {
     "FeedForward": lambda: _wrapped(ka.FeedForward(16, activation="gelu"), {"inputs": V}),
     "TransformerEncoderBlock(mixed_bfloat16)": lambda: _wrapped(
         ka.TransformerEncoderBlock(
-            2,
             16,
-            norm_first=True,
+            2,
+            normalize_first=True,
             num_key_value_heads=1,
             rotary_embedding=ka.RotaryEmbedding(),
             dtype="mixed_bfloat16",
@@ -108,7 +124,7 @@ CASES = {
         {"inputs": V, "padding_mask": V_MASK},
     ),  # fmt: skip
     "TransformerDecoderBlock": lambda: _wrapped(
-        ka.TransformerDecoderBlock(2, 16),
+        ka.TransformerDecoderBlock(16, 2),
         {"decoder_sequence": Q, "encoder_sequence": V, "encoder_padding_mask": V_MASK},
     ),
     "transformer_classifier": lambda: (

@@ -49,16 +49,15 @@ def test_feed_forward_formula():
 # -- Encoder block ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_encoder_layer_checks(norm_first, tmp_path):
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_encoder_layer_checks(normalize_first, tmp_path):
     check_layer(
         functools.partial(
             keras_attn.TransformerEncoderBlock,
-            num_heads=2,
             intermediate_dim=16,
+            num_heads=2,
             dropout=0.1,
-            attention_dropout=0.1,
-            norm_first=norm_first,
+            normalize_first=normalize_first,
         ),
         {"inputs": X},
         tmp_path=tmp_path,
@@ -73,8 +72,8 @@ def test_encoder_layer_checks_causal_rotary_gqa(tmp_path):
     check_layer(
         functools.partial(
             keras_attn.TransformerEncoderBlock,
-            num_heads=4,
             intermediate_dim=16,
+            num_heads=4,
             num_key_value_heads=2,
             rotary_embedding=keras_attn.RotaryEmbedding(),
         ),
@@ -85,13 +84,14 @@ def test_encoder_layer_checks_causal_rotary_gqa(tmp_path):
     )
 
 
-def numpy_encoder(block, x, mask, norm_first):
-    """The paper's formulas with the block's own weights (MHA via the layer's weights)."""
-    mha, ffn = block.self_attention, block.feed_forward
-    wq, bq, wk, bk, wv, bv, wo, bo = (np_(w) for w in mha.get_weights())
-    g1, be1 = (np_(w) for w in block.self_attention_norm.get_weights())
-    w1, b1, w2, b2 = (np_(w) for w in ffn.get_weights())
-    g2, be2 = (np_(w) for w in block.feed_forward_norm.get_weights())
+def numpy_encoder(block, x, mask, normalize_first):
+    """The paper's formulas with the block's own weights; padded steps zeroed on entry."""
+    wq, bq, wk, bk, wv, bv, wo, bo = (np_(w) for w in block._self_attention_layer.get_weights())
+    g1, be1 = (np_(w) for w in block._self_attention_layer_norm.get_weights())
+    w1, b1 = (np_(w) for w in block._feedforward_intermediate_dense.get_weights())
+    w2, b2 = (np_(w) for w in block._feedforward_output_dense.get_weights())
+    g2, be2 = (np_(w) for w in block._feedforward_layer_norm.get_weights())
+    x = np.where(mask[..., None], x, 0.0)
 
     def attention(h):
         q = np.einsum("btd,dhk->bhtk", h, wq) + bq[None, :, None]
@@ -107,46 +107,54 @@ def numpy_encoder(block, x, mask, norm_first):
     def ffn_np(h):
         return np.maximum(h @ w1 + b1, 0) @ w2 + b2
 
-    if norm_first:
+    if normalize_first:
         x = x + attention(layer_norm(x, g1, be1))
         return x + ffn_np(layer_norm(x, g2, be2))
     x = layer_norm(x + attention(x), g1, be1)
     return layer_norm(x + ffn_np(x), g2, be2)
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_encoder_matches_numpy_reference(norm_first):
-    block = keras_attn.TransformerEncoderBlock(
-        num_heads=2, intermediate_dim=16, norm_first=norm_first
-    )
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_encoder_matches_numpy_reference(normalize_first):
+    block = keras_attn.TransformerEncoderBlock(16, 2, normalize_first=normalize_first)
     block.build(X.shape)
     for w in block.weights:
         w.assign(rng.normal(size=w.shape).astype("float32") * 0.4 + (w.name == "gamma"))
-    out = np_(block(X, padding_mask=X_MASK))
-    np.testing.assert_allclose(out, numpy_encoder(block, X, X_MASK, norm_first), atol=1e-5)
+    hostile = np.where(X_MASK[..., None], X, np.float32(1e30))  # never reaches the output
+    out = np_(block(hostile, padding_mask=X_MASK))
+    np.testing.assert_allclose(out, numpy_encoder(block, X, X_MASK, normalize_first), atol=1e-5)
 
 
 def test_encoder_implicit_mask_equals_explicit_padding_mask():
     tokens = np.array([[3, 4, 5, 0, 0], [6, 7, 0, 0, 0]])
     embed = keras_attn.TokenAndPositionEmbedding(10, 5, 8, mask_zero=True)
-    block = keras_attn.TransformerEncoderBlock(num_heads=2, intermediate_dim=16)
+    block = keras_attn.TransformerEncoderBlock(intermediate_dim=16, num_heads=2)
     x = embed(tokens)
     implicit = block(x)
     explicit = block(x, padding_mask=tokens != 0)
-    np.testing.assert_allclose(np_(implicit), np_(explicit), atol=1e-6)
+    np.testing.assert_allclose(np_(implicit), np_(explicit), atol=1e-6)  # padded rows too
+    with_attention_mask = block(x, attention_mask=np.ones((2, 5, 5), bool))  # still implicit
+    np.testing.assert_allclose(np_(with_attention_mask), np_(explicit), atol=1e-6)
     unmasked = block(np_(x))  # a NumPy copy carries no mask: padding is attended
     assert not np.allclose(np_(unmasked)[tokens != 0], np_(explicit)[tokens != 0], atol=1e-3)
 
 
 def test_block_argument_errors():
     with pytest.raises(ValueError, match="num_heads"):
-        keras_attn.TransformerEncoderBlock(num_heads=0, intermediate_dim=4)
+        keras_attn.TransformerEncoderBlock(intermediate_dim=4, num_heads=0)
     with pytest.raises(ValueError, match="dropout"):
-        keras_attn.TransformerEncoderBlock(num_heads=2, intermediate_dim=4, dropout=1.5)
-    with pytest.raises(TypeError, match="norm_first"):
-        keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=4, norm_first="yes")
+        keras_attn.TransformerEncoderBlock(4, 2, dropout=1.5)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        keras_attn.TransformerEncoderBlock(4, 2, attention_dropout=-0.1)
+    with pytest.raises(TypeError, match="normalize_first"):
+        keras_attn.TransformerDecoderBlock(4, 2, normalize_first="yes")
+    with pytest.raises(ValueError, match="implementation"):
+        keras_attn.TransformerDecoderBlock(4, 2, implementation="flash")
     with pytest.raises(ValueError, match="divisible by `num_heads`"):
-        keras_attn.TransformerEncoderBlock(num_heads=3, intermediate_dim=4)(X)
+        keras_attn.TransformerEncoderBlock(intermediate_dim=4, num_heads=3)(X)
+    with pytest.raises(TypeError):  # our extras are keyword-only
+        keras_attn.TransformerEncoderBlock(4, 2, 0.0, "relu", 1e-5, "glorot_uniform", "zeros",
+                                           False, 0.0)  # fmt: skip
     with pytest.raises(ValueError, match="intermediate_dim"):
         keras_attn.FeedForward(intermediate_dim=-1)
 
@@ -154,15 +162,15 @@ def test_block_argument_errors():
 # -- Decoder block ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_decoder_layer_checks(norm_first, tmp_path):
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_decoder_layer_checks(normalize_first, tmp_path):
     check_layer(
         functools.partial(
             keras_attn.TransformerDecoderBlock,
-            num_heads=2,
             intermediate_dim=16,
+            num_heads=2,
             dropout=0.1,
-            norm_first=norm_first,
+            normalize_first=normalize_first,
         ),
         {"decoder_sequence": X, "encoder_sequence": ENC},
         tmp_path=tmp_path,
@@ -181,8 +189,8 @@ def test_decoder_only_layer_checks_causal(tmp_path):
     check_layer(
         functools.partial(
             keras_attn.TransformerDecoderBlock,
-            num_heads=2,
             intermediate_dim=16,
+            num_heads=2,
             rotary_embedding=keras_attn.RotaryEmbedding(),
         ),
         {"decoder_sequence": X},
@@ -192,7 +200,7 @@ def test_decoder_only_layer_checks_causal(tmp_path):
 
 
 def test_decoder_is_causal_by_default_and_sees_the_whole_source():
-    block = keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=16)
+    block = keras_attn.TransformerDecoderBlock(intermediate_dim=16, num_heads=2)
     out = np_(block(X, ENC))
     changed = X.copy()
     changed[:, 4:] += 1.0
@@ -206,7 +214,7 @@ def test_decoder_is_causal_by_default_and_sees_the_whole_source():
 def decode_step_by_step(blocks, dec, enc, enc_mask, first_chunk, jit=False):
     """Runs a stack of decoder blocks over `dec` with caches: a prefill, then one token a step."""
     length = dec.shape[1]
-    caches = [b.self_attention.empty_cache(dec.shape[0], length) for b in blocks]
+    caches = [b.empty_cache(dec.shape[0], length) for b in blocks]
     cross = [None] * len(blocks)
 
     def run(x, index, caches, cross):
@@ -214,7 +222,7 @@ def decode_step_by_step(blocks, dec, enc, enc_mask, first_chunk, jit=False):
         for block, cache, cross_cache in zip(blocks, caches, cross, strict=True):
             x, cache, cross_cache = block(
                 x,
-                enc if cross_cache is None else None,
+                enc if cross_cache is None else None,  # keras-hub passes it each step: both work
                 # The mask is given with the source only: the cross cache keeps it.
                 encoder_padding_mask=enc_mask if cross_cache is None else None,
                 self_attention_cache=cache,
@@ -235,21 +243,21 @@ def decode_step_by_step(blocks, dec, enc, enc_mask, first_chunk, jit=False):
 
 
 @pytest.mark.parametrize(
-    "kv_heads,rotary,norm_first,first_chunk,jit",
+    "kv_heads,rotary,normalize_first,first_chunk,jit",
     [
         (None, False, False, 1, False),
         (2, True, False, 3, False),
         (1, True, True, 2, True),
     ],
 )
-def test_cached_decoding_equals_full_pass(kv_heads, rotary, norm_first, first_chunk, jit):
+def test_cached_decoding_equals_full_pass(kv_heads, rotary, normalize_first, first_chunk, jit):
     dec = rng.normal(size=(2, 7, 16)).astype("float32")
     blocks = [
         keras_attn.TransformerDecoderBlock(
-            num_heads=4,
             intermediate_dim=32,
+            num_heads=4,
             num_key_value_heads=kv_heads,
-            norm_first=norm_first,
+            normalize_first=normalize_first,
             rotary_embedding=keras_attn.RotaryEmbedding() if rotary else None,
         )
         for _ in range(2)
@@ -261,18 +269,26 @@ def test_cached_decoding_equals_full_pass(kv_heads, rotary, norm_first, first_ch
     np.testing.assert_allclose(stepped, np_(full), atol=1e-5)
 
 
-def test_cached_decoding_projects_the_source_once():
-    block = keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=8)
+def projection(mha, name):
+    """`mha`'s `name` projection (`_key_dense`, or `key_dense` before Keras' names land)."""
+    found = getattr(mha, f"_{name}_dense", None)
+    return getattr(mha, f"{name}_dense") if found is None else found
+
+
+@pytest.mark.parametrize("pass_source", [False, True])
+def test_cached_decoding_projects_the_source_once(pass_source):
+    block = keras_attn.TransformerDecoderBlock(intermediate_dim=8, num_heads=2)
     dec = rng.normal(size=(2, 3, 12)).astype("float32")
     block(dec, ENC)
     calls = []
-    original = block.cross_attention.key_dense.call
-    block.cross_attention.key_dense.call = lambda *a, **k: calls.append(1) or original(*a, **k)
-    cache, cross = block.self_attention.empty_cache(2, 3), None
+    key_dense = projection(block._cross_attention_layer, "key")
+    original = key_dense.call
+    key_dense.call = lambda *a, **k: calls.append(1) or original(*a, **k)
+    cache, cross = block.empty_cache(2, 3), None
     for t in range(3):
         _, cache, cross = block(
             dec[:, t : t + 1],
-            ENC if cross is None else None,
+            ENC if cross is None or pass_source else None,
             self_attention_cache=cache,
             self_attention_cache_update_index=t,
             cross_attention_cache=cross,
@@ -281,15 +297,25 @@ def test_cached_decoding_projects_the_source_once():
 
 
 def test_decoder_errors():
-    block = keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=8)
+    block = keras_attn.TransformerDecoderBlock(intermediate_dim=8, num_heads=2)
     block(X, ENC)
     with pytest.raises(ValueError, match="has cross-attention"):
         block(X)
     with pytest.raises(ValueError, match="cache_update_index"):
-        block(X, ENC, self_attention_cache=block.self_attention.empty_cache(2, 6))
+        block(X, ENC, self_attention_cache=block.empty_cache(2, 6))
     with pytest.raises(ValueError, match="needs a `self_attention_cache`"):
-        block(X, cross_attention_cache=block.cross_attention.compute_cache(ENC))
-    decoder_only = keras_attn.TransformerDecoderBlock(num_heads=2, intermediate_dim=8)
+        block(X, cross_attention_cache=block.compute_cross_attention_cache(ENC))
+    with pytest.raises(ValueError, match="cross_attention_cache_update_index"):
+        block(
+            X,
+            ENC,
+            self_attention_cache=block.empty_cache(2, 6),
+            self_attention_cache_update_index=0,
+            cross_attention_cache_update_index=0,
+        )
+    decoder_only = keras_attn.TransformerDecoderBlock(intermediate_dim=8, num_heads=2)
     decoder_only(X)
     with pytest.raises(ValueError, match="no cross-attention"):
         decoder_only(X, ENC)
+    with pytest.raises(ValueError, match="no cross-attention"):
+        decoder_only.compute_cross_attention_cache(ENC)

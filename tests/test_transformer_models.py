@@ -55,7 +55,7 @@ def encoder_classifier(length):
     tokens = keras.Input((None,), dtype="int32", name="tokens")  # any length up to `length`
     x = keras_attn.TokenAndPositionEmbedding(VOCAB, length, D_MODEL, mask_zero=True)(tokens)
     for _ in range(2):
-        x = keras_attn.TransformerEncoderBlock(num_heads=4, intermediate_dim=64, dropout=0.1)(x)
+        x = keras_attn.TransformerEncoderBlock(intermediate_dim=64, num_heads=4, dropout=0.1)(x)
     x = keras.layers.GlobalAveragePooling1D()(x)  # uses the padding mask
     return keras.Model(tokens, keras.layers.Dense(2)(x))
 
@@ -104,10 +104,10 @@ def encoder_decoder(length):
     decoder_inputs = keras.Input((length,), dtype="int32", name="decoder_inputs")
     x = keras_attn.TokenAndPositionEmbedding(VOCAB, length, D_MODEL, mask_zero=True)(source)
     for _ in range(2):
-        x = keras_attn.TransformerEncoderBlock(num_heads=4, intermediate_dim=64)(x)
+        x = keras_attn.TransformerEncoderBlock(intermediate_dim=64, num_heads=4)(x)
     y = keras_attn.TokenAndPositionEmbedding(VOCAB, length, D_MODEL, mask_zero=True)(decoder_inputs)
     for _ in range(2):
-        y = keras_attn.TransformerDecoderBlock(num_heads=4, intermediate_dim=64)(y, x)
+        y = keras_attn.TransformerDecoderBlock(intermediate_dim=64, num_heads=4)(y, x)
     inputs = {"source": source, "decoder_inputs": decoder_inputs}
     return keras.Model(inputs, keras.layers.Dense(VOCAB)(y))
 

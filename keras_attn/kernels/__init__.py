@@ -1,7 +1,7 @@
 """The attention kernels, behind one signature.
 
     kernel(query, key, value, mask=None, is_causal=False, query_start=None,
-           scale=None, dropout=None) -> (output, weights or None)
+           scale=None, dropout=None, window=None, bias=None) -> (output, weights or None)
 
 | kernel | weights | dropout | memory | |
 |---|---|---|---|---|
@@ -11,13 +11,16 @@
 
 Every kernel replaces masked scores before any max or exp
 (`keras_attn.masks.fill_masked`), builds its causal mask with
-`keras_attn.masks.causal_mask`, gives rows with no visible key a zero output
+`keras_attn.masks.position_mask` (causal, sliding `window`), adds a `bias`
+(`keras_attn.kernels.bias`: tensors, and position biases evaluated where the
+kernel needs them, per key block for the chunked kernel) to the scaled scores
+in float32, gives rows with no visible key a zero output
 with zero gradients, and guards its weighted sum against non-finite keys and
 values at masked positions (`finite`). `keras_attn.ops.attention` is the one
 place that chooses a kernel; layers call it, not the kernels.
 """
 
-from keras_attn.kernels import finite
+from keras_attn.kernels import bias, finite
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.kernels.dense import dense_attention, masked_softmax, softmax
 from keras_attn.kernels.fused import fused_attention
@@ -26,6 +29,7 @@ KERNELS = {"dense": dense_attention, "fused": fused_attention, "chunked": chunke
 
 __all__ = [
     "KERNELS",
+    "bias",
     "chunked_attention",
     "dense_attention",
     "finite",

@@ -66,7 +66,7 @@ class Bias:
         return total
 
     def block(self, query_positions, key_positions, first, size, num_heads, slicer):
-        """The float32 bias of key block `[first, first + size)`: tensors sliced, functions evaluated."""
+        """The float32 bias of key block `[first, first + size)`: tensors sliced, functions run."""
         total = None
         for t in self.tensors:
             b = t if t.shape[-1] == 1 else slicer(t, -1, first, size)
@@ -82,7 +82,9 @@ class Bias:
         grads = []
         for f, params in zip(self.functions, self.parameters, strict=True):
             if params:
-                grads.append(tuple(f.position_bias_gradient(d, query_positions, key_positions, params)))
+                grads.append(
+                    tuple(f.position_bias_gradient(d, query_positions, key_positions, params))
+                )
             else:
                 grads.append(())
         return grads
@@ -127,7 +129,9 @@ def as_bias(bias, scores_shape, name="bias"):
             functions.append(term)
             continue
         dtype = getattr(term, "dtype", None)
-        if dtype is None or not keras.backend.is_float_dtype(keras.backend.standardize_dtype(dtype)):
+        if dtype is None or not keras.backend.is_float_dtype(
+            keras.backend.standardize_dtype(dtype)
+        ):
             what = type(term).__name__ if dtype is None else keras.backend.standardize_dtype(dtype)
             raise TypeError(
                 f"`{name}` must be a float tensor broadcastable to the scores "

@@ -202,7 +202,9 @@ class _Blocks:
             return None
         first = j * self.block
         keys = bias_lib.key_positions(self.block, first)
-        return bias.block(self.query_positions, keys, first, self.block, self.num_heads, _slice_axis)
+        return bias.block(
+            self.query_positions, keys, first, self.block, self.num_heads, _slice_axis
+        )
 
 
 def _scores(q, k_block, visible, bias=None):
@@ -272,7 +274,9 @@ def _forward(q, k, v, flag, blocks, bias):
 
     def step(j, carry):
         m, l, acc, seen = carry  # noqa: E741
-        s = _scores(q, _slice_axis(k, -2, j * block, block), blocks.visible(j), blocks.bias_of(j, bias))
+        s = _scores(
+            q, _slice_axis(k, -2, j * block, block), blocks.visible(j), blocks.bias_of(j, bias)
+        )
         m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
         p = ops.exp(s - m_new)
         alpha = ops.exp(m - m_new)

@@ -289,7 +289,7 @@ def _cached_calls(layer):
     Without a cache, the full causal pass; with one, `(out, cache, cross)`: a
     `MultiHeadAttention` (`cache=`) or a decoder block (`self_attention_cache=`).
     """
-    if hasattr(layer, "empty_cache"):
+    if not _is_decoder_block(layer):
 
         def call(x, mask, cache=None, index=None, *source_and_cross):
             masks = {"query_mask": mask, "value_mask": mask, "use_causal_mask": True}
@@ -302,11 +302,19 @@ def _cached_calls(layer):
     def call(x, mask, cache=None, index=None, source=None, source_mask=None, cross=None):
         cached = {"self_attention_cache": cache, "self_attention_cache_update_index": index}
         cached = {} if cache is None else {**cached, "cross_attention_cache": cross}
-        return layer(
+        out = layer(
             x, source, decoder_padding_mask=mask, encoder_padding_mask=source_mask, **cached
         )
+        # A decoder-only block returns no cross-attention cache.
+        return (*out, None) if cache is not None and len(out) == 2 else out
 
-    return call, lambda batch, length: layer.self_attention.empty_cache(batch, length)
+    return call, layer.empty_cache
+
+
+def _is_decoder_block(layer):
+    from keras_attn.transformer_decoder import TransformerDecoderBlock
+
+    return isinstance(layer, TransformerDecoderBlock)
 
 
 def assert_cached_decoding_agrees(
@@ -361,7 +369,7 @@ def assert_cached_decoding_agrees(
             f"`padding_mask` must be the (B, T) of `sequence`, and 1 <= prompt_length <= T. "
             f"Received: shapes {x.shape}, {mask.shape}, prompt_length={prompt}"
         )
-    if source is not None and hasattr(layer, "empty_cache"):
+    if source is not None and not _is_decoder_block(layer):
         raise ValueError("A `MultiHeadAttention` decodes without an `encoder_sequence`.")
     real = None if source is None else np.ones(source.shape[:2], bool)
     real = real if encoder_padding_mask is None else np.asarray(encoder_padding_mask, bool)

@@ -1,0 +1,138 @@
+"""`GroupedQueryAttention`: Keras' names for `MultiHeadAttention` with fewer key/value heads."""
+
+import keras
+
+from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.multi_head_shapes import check_size
+
+# Keys of MultiHeadAttention's config that GroupedQueryAttention names otherwise or fixes.
+_RENAMED = ("num_heads", "key_dim", "value_dim", "output_shape", "attention_axes")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class GroupedQueryAttention(MultiHeadAttention):
+    """Grouped-query attention, a drop-in for `keras.layers.GroupedQueryAttention`.
+
+    `head_i = softmax(Q W_q^i (K W_k^{g(i)})^T / sqrt(d) + bias_i) V W_v^{g(i)}`
+    with `g(i) = floor(i / (h / g))`: `h = num_query_heads` query heads share
+    `g = num_key_value_heads` key/value heads in groups of `h / g`; then
+    `concat(head_1 * g_1, ..., head_h * g_h) W_o` (the gate `sigmoid(Q W_g)`
+    when `use_gate=True`). `g = h` is multi-head attention, `g = 1`
+    multi-query attention.
+
+    `MultiHeadAttention(num_heads=h, key_dim=d, value_dim=d,
+    num_key_value_heads=g)` under Keras' names: the same layer, the same
+    weights (Keras' layout: weights copied from
+    `keras.layers.GroupedQueryAttention` with `set_weights` give the same
+    outputs), the same call, cache and guarantees (see `MultiHeadAttention`,
+    also for the two documented differences from Keras: float masks are
+    refused, and with `Tq != Tv` the causal mask is aligned to the end). The
+    cache holds the `g` key/value heads, not `h` copies.
+
+    Args:
+        head_dim: width `d` of every query, key and value head.
+        num_query_heads: number of query heads `h`.
+        num_key_value_heads: number of key/value heads `g`, dividing `h`.
+        dropout, use_bias, sliding_window, flash_attention,
+        kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer, activity_regularizer, kernel_constraint,
+        bias_constraint, use_gate, seed: as `MultiHeadAttention`.
+        rotary_embedding, implementation, position_bias: keyword only, as
+            `MultiHeadAttention`.
+
+    Call arguments:
+        As `MultiHeadAttention`: `query (B, Tq, dq)`, `value (B, Tv, dv)`,
+        `key=None`, `query_mask`, `value_mask`, `key_mask`, `attention_mask`,
+        `return_attention_scores`, `training`, `use_causal_mask`, then
+        `cache`, `cache_update_index`, `attention_bias`.
+
+    Returns:
+        `(B, Tq, dq)`, and with `return_attention_scores=True` the weights
+        `(B, h, Tq, Tv)`; with a cache, the updated `KVCache` last.
+
+    Raises:
+        ValueError: `num_query_heads` not divisible by `num_key_value_heads`,
+            non-positive sizes, and the errors of `MultiHeadAttention`;
+            `compute_output_shape` with a query and a value of different
+            widths (as Keras').
+        TypeError: non-float inputs, float masks.
+
+    Example:
+
+    >>> x = keras.random.normal((2, 6, 16))
+    >>> gqa = keras_attn.GroupedQueryAttention(head_dim=4, num_query_heads=4,
+    ...                                        num_key_value_heads=2, sliding_window=3)
+    >>> out, w = gqa(x, x, use_causal_mask=True, return_attention_scores=True)
+    >>> print(out.shape, w.shape, gqa.key_dense.kernel.shape)
+    (2, 6, 16) (2, 4, 6, 6) (16, 2, 4)
+
+    Reference:
+        Ainslie et al., 2023, "GQA: Training Generalized Multi-Query
+        Transformer Models from Multi-Head Checkpoints",
+        https://arxiv.org/abs/2305.13245
+    """
+
+    def __init__(
+        self,
+        head_dim,
+        num_query_heads,
+        num_key_value_heads,
+        dropout=0.0,
+        use_bias=True,
+        sliding_window=None,
+        flash_attention=None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        use_gate=False,
+        seed=None,
+        **kwargs,
+    ):
+        self.head_dim = check_size("head_dim", head_dim)
+        self.num_query_heads = check_size("num_query_heads", num_query_heads)
+        kv_heads = check_size("num_key_value_heads", num_key_value_heads)
+        if self.num_query_heads % kv_heads:
+            raise ValueError(
+                "`num_query_heads` must be divisible by `num_key_value_heads`. Received: "
+                f"num_query_heads={num_query_heads}, num_key_value_heads={num_key_value_heads}"
+            )
+        super().__init__(
+            num_heads=self.num_query_heads,
+            key_dim=self.head_dim,
+            value_dim=self.head_dim,
+            dropout=dropout,
+            use_bias=use_bias,
+            sliding_window=sliding_window,
+            flash_attention=flash_attention,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            kernel_regularizer=kernel_regularizer,
+            bias_regularizer=bias_regularizer,
+            activity_regularizer=activity_regularizer,
+            kernel_constraint=kernel_constraint,
+            bias_constraint=bias_constraint,
+            use_gate=use_gate,
+            seed=seed,
+            num_key_value_heads=kv_heads,
+            **kwargs,
+        )
+
+    def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        if query_shape[-1] != value_shape[-1]:
+            raise ValueError(
+                "The last dimension of `query_shape` and `value_shape` must be equal, but "
+                f"are {query_shape[-1]}, {value_shape[-1]}. Received: "
+                f"query_shape={tuple(query_shape)}, value_shape={tuple(value_shape)}"
+            )
+        return super().compute_output_shape(query_shape, value_shape, key_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        for name in _RENAMED:
+            config.pop(name)
+        config.update(head_dim=self.head_dim, num_query_heads=self.num_query_heads)
+        return config

@@ -1,0 +1,170 @@
+"""Rotary position embedding (RoPE): keras-hub's arguments, two channel layouts."""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn.arguments import check_floating, check_positive_number
+from keras_attn.positional import (
+    PositionLayer,
+    check_min_rank,
+    check_positions,
+    inverse_frequencies,
+    step_positions,
+)
+
+LAYOUTS = ("half", "interleaved")
+
+
+def _check_axis(name, value):
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"`{name}` must be an int. Received: {name}={value!r}")
+    return int(value)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class RotaryEmbedding(PositionLayer):
+    """Rotary position embedding (RoPE): channel pairs rotated by their position.
+
+    Pair `j` of the feature axis, `(x_a, x_b)`, is rotated by the angle
+    `m * theta_j`, with `m` the position divided by `scaling_factor` and
+    `theta_j = max_wavelength^(-2j/d)`, `j = 0 .. d/2 - 1`:
+
+        y_a = x_a cos(m theta_j) - x_b sin(m theta_j)
+        y_b = x_b cos(m theta_j) + x_a sin(m theta_j)
+
+    so that `<R(m) q, R(n) k>` depends on `m - n` only. The layout says which
+    channels pair up: `"half"` pairs `(x_j, x_{j + d/2})`, the two halves
+    (keras-hub, Llama, GPT-NeoX and most checkpoints); `"interleaved"` pairs
+    `(x_2j, x_2j+1)` (RoFormer, GPT-J). With `layout="half"` the outputs equal
+    keras-hub's `RotaryEmbedding` (its default `rope_type="linear"`; tested).
+    Apply it to queries and keys before the score. Angles are computed in
+    float32. No weights.
+
+    Args:
+        max_wavelength: the base of the frequencies `theta_j`.
+        scaling_factor: positions are divided by it (linear position
+            interpolation for contexts longer than in training).
+        sequence_axis: the axis of `inputs` that holds the positions.
+        feature_axis: the axis of `inputs` whose channels are rotated.
+        layout: `"half"` or `"interleaved"` (which channels pair up, above).
+        **kwargs: base `keras.layers.Layer` arguments.
+
+    Call arguments:
+        inputs: rank >= 3, e.g. `(B, T, d)` or `(B, T, H, d)` with the default
+            axes; the feature axis must be known and even.
+        start_index: position of the first step (int or scalar tensor).
+        positions: `None`, or every step's position, `(T,)` or `(B, T)` (int
+            or float); replaces `start_index`.
+
+    Returns:
+        `inputs` rotated, same shape and dtype.
+
+    Example:
+
+    >>> q = keras.random.normal((2, 10, 4, 16))  # (B, T, H, dk)
+    >>> print(keras_attn.RotaryEmbedding()(q).shape)
+    (2, 10, 4, 16)
+    >>> x = np.array([[[1.0, 0.0], [0.0, 1.0]]], "float32")  # (B, T, d) = (1, 2, 2)
+    >>> y = keras_attn.RotaryEmbedding(layout="interleaved")(x, positions=np.array([1, 1]))
+    >>> print(np.round(keras.ops.convert_to_numpy(y), 4))  # [cos 1, sin 1], [-sin 1, cos 1]
+    [[[ 0.5403  0.8415]
+      [-0.8415  0.5403]]]
+
+    Reference:
+        Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary Position
+        Embedding", https://arxiv.org/abs/2104.09864
+    """
+
+    def __init__(
+        self,
+        max_wavelength=10000,
+        scaling_factor=1.0,
+        sequence_axis=1,
+        feature_axis=-1,
+        layout="half",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
+        self.scaling_factor = check_positive_number("scaling_factor", scaling_factor)
+        self.sequence_axis = _check_axis("sequence_axis", sequence_axis)
+        self.feature_axis = _check_axis("feature_axis", feature_axis)
+        if sequence_axis == feature_axis:
+            raise ValueError(
+                "`sequence_axis` and `feature_axis` must differ. Received: "
+                f"sequence_axis={sequence_axis}, feature_axis={feature_axis}"
+            )
+        if layout not in LAYOUTS:
+            raise ValueError(f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}")
+        self.layout = layout
+
+    def _axes(self, shape):
+        """`(sequence_axis, feature_axis)` as non-negative axes of `shape`, checked."""
+        check_min_rank("inputs", shape, 3)
+        rank, axes = len(shape), []
+        for name, axis in (
+            ("sequence_axis", self.sequence_axis),
+            ("feature_axis", self.feature_axis),
+        ):
+            if not -rank <= axis < rank:
+                raise ValueError(
+                    f"`{name}` must be an axis of `inputs`. Received: {name}={axis}, "
+                    f"inputs.shape={tuple(shape)}"
+                )
+            axes.append(axis % rank)
+        if axes[0] == axes[1]:
+            raise ValueError(
+                "`sequence_axis` and `feature_axis` must be different axes of `inputs`. "
+                f"Received: sequence_axis={self.sequence_axis}, "
+                f"feature_axis={self.feature_axis}, inputs.shape={tuple(shape)}"
+            )
+        depth = shape[axes[1]]
+        if depth is None or depth % 2:
+            raise ValueError(
+                f"The feature axis ({self.feature_axis}) of `inputs` must be known and even. "
+                f"Received: inputs.shape={tuple(shape)}"
+            )
+        return tuple(axes)
+
+    def build(self, inputs_shape):
+        self._axes(inputs_shape)
+        self.built = True
+
+    def call(self, inputs, start_index=0, positions=None):
+        sequence_axis, feature_axis = self._axes(inputs.shape)
+        check_floating("inputs", inputs)
+        # (B, T, ..., d): the sequence second, the features last.
+        x = ops.moveaxis(ops.cast(inputs, "float32"), (sequence_axis, feature_axis), (1, -1))
+        depth = x.shape[-1]
+        if positions is None:
+            positions = step_positions(ops.shape(x)[1], start_index)  # (T,)
+        else:
+            positions = check_positions(positions, x.shape[1], start_index)
+        positions = ops.cast(positions, "float32") / self.scaling_factor
+        angles = ops.expand_dims(positions, -1) * inverse_frequencies(self.max_wavelength, depth)
+        if len(angles.shape) == 2:
+            angles = ops.expand_dims(angles, 0)  # (1, T, d/2)
+        for _ in range(len(x.shape) - 3):
+            angles = ops.expand_dims(angles, 2)  # (B|1, T, 1, ..., d/2)
+        cos, sin = ops.cos(angles), ops.sin(angles)
+        if self.layout == "half":
+            x_a, x_b = x[..., : depth // 2], x[..., depth // 2 :]
+            rotated = ops.concatenate([x_a * cos - x_b * sin, x_b * cos + x_a * sin], axis=-1)
+        else:
+            x_a, x_b = x[..., 0::2], x[..., 1::2]
+            rotated = ops.stack([x_a * cos - x_b * sin, x_b * cos + x_a * sin], axis=-1)
+            rotated = ops.reshape(rotated, ops.shape(x))  # (..., d/2, 2): pairs back in place
+        rotated = ops.moveaxis(rotated, (1, -1), (sequence_axis, feature_axis))
+        return ops.cast(rotated, inputs.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            max_wavelength=self.max_wavelength,
+            scaling_factor=self.scaling_factor,
+            sequence_axis=self.sequence_axis,
+            feature_axis=self.feature_axis,
+            layout=self.layout,
+        )
+        return config

@@ -1,0 +1,309 @@
+"""What `TransformerEncoderBlock` and `TransformerDecoderBlock` share.
+
+Arguments, sublayers and Add & Norm, with keras-hub's argument order, names
+and weight order (`keras_hub.layers.TransformerEncoder` / `TransformerDecoder`),
+and the padding rule of every keras-attn layer: the padded steps of a block's
+inputs are zeroed on entry, whether the padding mask is passed (`padding_mask=`)
+or implicit (a Keras mask), so nothing they hold reaches an output or a gradient.
+"""
+
+import keras
+
+from keras_attn import masks
+from keras_attn import ops as attn_ops
+from keras_attn.arguments import (
+    check_dim,
+    check_floating,
+    check_positive_int,
+    check_positive_number,
+    check_rank,
+    check_rate,
+    clone_initializer,
+    deserialize_optional_layer,
+    serialize_optional_layer,
+    sublayer_seed,
+)
+from keras_attn.base import QueryMaskOutput
+from keras_attn.multi_head_attention import MultiHeadAttention
+
+BLOCK_ARGS = """
+    Args:
+        intermediate_dim: hidden width of the feed-forward network.
+        num_heads: attention heads.
+        dropout: dropout on each sublayer's output before the residual add,
+            and (unless `attention_dropout` is given) on the attention weights.
+        activation: activation of the feed-forward network.
+        layer_norm_epsilon: epsilon of the layer normalizations.
+        kernel_initializer, bias_initializer: of every projection.
+        normalize_first: pre-norm (`True`, as GPT-2) instead of the paper's
+            post-norm (as BERT).
+
+        The arguments above are keras-hub's, in its order; ours follow
+        (pass them by name):
+
+        attention_dropout: dropout on the attention weights; `None` (default)
+            means `dropout`, as keras-hub does.
+        key_dim: width of each head; defaults to `d_model / num_heads`.
+        num_key_value_heads: grouped-query attention (see `MultiHeadAttention`).
+        rotary_embedding: `None`, or a `keras_attn.RotaryEmbedding` applied to
+            the queries and keys of the self-attention.
+        implementation: the attention kernel, `"auto"`, `"dense"`, `"fused"`
+            or `"chunked"` (see `MultiHeadAttention`).
+        position_bias: `None`, or a `keras_attn.AlibiBias` /
+            `keras_attn.RelativePositionBias` added to the self-attention
+            scores (on every kernel and through the cache; see
+            `MultiHeadAttention`).
+        sliding_window: `None`, or a positive int: the self-attention sees
+            keys within `sliding_window - 1` positions (with the causal mask
+            of a decoder: the last `sliding_window` positions).
+        seed: dropout seed.
+"""
+
+
+class ImplicitMask(keras.layers.Layer):
+    """Returns the implicit Keras mask of its input (all `True` when it has none)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs, mask=None):
+        if mask is None:
+            return keras.ops.ones(keras.ops.shape(inputs)[:2], "bool")
+        return masks.as_bool_mask(mask)
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+
+class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
+    """Base of the encoder and decoder blocks: arguments, sublayers, Add & Norm."""
+
+    def __init__(
+        self,
+        intermediate_dim,
+        num_heads,
+        dropout=0.0,
+        activation="relu",
+        layer_norm_epsilon=1e-5,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        normalize_first=False,
+        *,
+        attention_dropout=None,
+        key_dim=None,
+        num_key_value_heads=None,
+        rotary_embedding=None,
+        implementation="auto",
+        position_bias=None,
+        sliding_window=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.intermediate_dim = check_positive_int("intermediate_dim", intermediate_dim)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.dropout = check_rate("dropout", dropout)
+        self.activation = keras.activations.get(activation)
+        self.layer_norm_epsilon = check_positive_number("layer_norm_epsilon", layer_norm_epsilon)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        if not isinstance(normalize_first, bool):
+            raise TypeError(
+                f"`normalize_first` must be a bool. Received: normalize_first={normalize_first!r}"
+            )
+        self.normalize_first = normalize_first
+        self.attention_dropout = (
+            None
+            if attention_dropout is None
+            else check_rate("attention_dropout", attention_dropout)
+        )
+        self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
+        self.num_key_value_heads = check_positive_int(
+            "num_key_value_heads", num_key_value_heads, allow_none=True
+        )
+        if num_heads % (num_key_value_heads or num_heads):
+            raise ValueError(
+                "`num_key_value_heads` must divide `num_heads`. Received: "
+                f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
+            )
+        self.rotary_embedding = rotary_embedding
+        if implementation not in attn_ops.IMPLEMENTATIONS:
+            raise ValueError(
+                f"`implementation` must be one of {attn_ops.IMPLEMENTATIONS}. "
+                f"Received: implementation={implementation!r}"
+            )
+        self.implementation = implementation
+        self.position_bias = position_bias
+        self.sliding_window = masks.check_window(sliding_window, "sliding_window")
+        self.seed = seed
+        self.supports_masking = True
+        self._implicit_mask = ImplicitMask(dtype=self.dtype_policy)
+
+    def _model_dim(self, shape, name, built_width=None):
+        width = shape[-1]
+        if len(shape) != 3 or width is None:
+            raise ValueError(
+                f"`{name}` must have shape (batch, length, features) with known features. "
+                f"Received: {name}.shape={tuple(shape)}"
+            )
+        if built_width is not None and width != built_width:
+            raise ValueError(
+                f"`{name}` must have width {built_width}, the width this block was built for. "
+                f"Received: {name}.shape={tuple(shape)}"
+            )
+        if self.key_dim is None and width % self.num_heads:
+            raise ValueError(
+                f"The width of `{name}` ({width}) must be divisible by `num_heads` "
+                f"({self.num_heads}) when `key_dim` is not given."
+            )
+        return width
+
+    def _check_sequence(self, name, sequence, built_width, mask_name, mask):
+        """Call-time checks of a sequence (rank, built width, float) and its padding mask."""
+        self._model_dim(sequence.shape, name, built_width)
+        check_floating(name, sequence)
+        if mask is None:
+            return
+        masks.check_mask_dtype(mask_name, mask)
+        check_rank(mask_name, mask.shape, (2,))
+        check_dim(mask_name, mask.shape[1], name, sequence.shape[1], "length")
+        check_dim(mask_name, mask.shape[0], name, sequence.shape[0], "batch size")
+
+    def _padding(self, sequence, padding_mask):
+        """`(sequence with its padded steps zeroed, bool (B, T) mask)`: explicit, else implicit."""
+        if padding_mask is None:
+            padding_mask = self._implicit_mask(sequence)  # all True without a Keras mask
+        padding_mask = masks.as_bool_mask(padding_mask)
+        return masks.zero_padded(sequence, padding_mask), padding_mask
+
+    # Each random sublayer draws its own seed (`sublayer_seed`).
+    _SEEDS = {
+        "self_attention": 0,
+        "cross_attention": 1,
+        "self_attention_dropout": 2,
+        "cross_attention_dropout": 3,
+        "feedforward_dropout": 4,
+    }
+
+    def _attention(self, width, name, seed_name, rotary_embedding=None, **positions):
+        rate = self.dropout if self.attention_dropout is None else self.attention_dropout
+        return MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=self.key_dim or width // self.num_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            dropout=rate,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            rotary_embedding=rotary_embedding,
+            implementation=self.implementation,
+            **positions,
+            seed=sublayer_seed(self.seed, self._SEEDS[seed_name]),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _layer_norm(self, shape, name):
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+        norm.build(shape)
+        return norm
+
+    def _dropout(self, name):
+        return keras.layers.Dropout(
+            self.dropout,
+            seed=sublayer_seed(self.seed, self._SEEDS[name]),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def _dense(self, units, activation, name, input_shape):
+        dense = keras.layers.Dense(
+            units,
+            activation=activation,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        dense.build(input_shape)
+        return dense
+
+    def _build_self_attention(self, shape, input_name, name):
+        """keras-hub's weight order: attention (q, k, v, o), then its norm."""
+        width = self._width = self._model_dim(shape, input_name)
+        self._self_attention_layer = self._attention(
+            width,
+            name,
+            "self_attention",
+            self.rotary_embedding,
+            position_bias=self.position_bias,
+            sliding_window=self.sliding_window,
+        )
+        self._self_attention_layer.build(shape, shape)
+        self._self_attention_layer_norm = self._layer_norm(shape, "self_attention_layer_norm")
+        self._self_attention_dropout = self._dropout("self_attention_dropout")
+
+    def _build_feedforward(self, shape, norm_before_kernels):
+        """The feed-forward sublayers; `norm_before_kernels`: the encoder's weight order."""
+        if norm_before_kernels:
+            self._feedforward_layer_norm = self._layer_norm(shape, "feedforward_layer_norm")
+        self._feedforward_intermediate_dense = self._dense(
+            self.intermediate_dim, self.activation, "feedforward_intermediate_dense", shape
+        )
+        self._feedforward_output_dense = self._dense(
+            shape[-1],
+            None,
+            "feedforward_output_dense",
+            tuple(shape[:-1]) + (self.intermediate_dim,),
+        )
+        if not norm_before_kernels:
+            self._feedforward_layer_norm = self._layer_norm(shape, "feedforward_layer_norm")
+        self._feedforward_dropout = self._dropout("feedforward_dropout")
+
+    def _residual(self, x, norm, dropout, sublayer, training):
+        """Post-norm `norm(x + drop(f(x)))`, or pre-norm `x + drop(f(norm(x)))`."""
+        y = sublayer(norm(x) if self.normalize_first else x)
+        x = x + dropout(y, training=training)
+        return x if self.normalize_first else norm(x)
+
+    def _feedforward_residual(self, x, training):
+        def feedforward(y):
+            return self._feedforward_output_dense(self._feedforward_intermediate_dense(y))
+
+        return self._residual(
+            x, self._feedforward_layer_norm, self._feedforward_dropout, feedforward, training
+        )
+
+    def compute_output_shape(self, *shapes, **kwargs):
+        return tuple(shapes[0])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "intermediate_dim": self.intermediate_dim,
+                "num_heads": self.num_heads,
+                "dropout": self.dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "normalize_first": self.normalize_first,
+                "attention_dropout": self.attention_dropout,
+                "key_dim": self.key_dim,
+                "num_key_value_heads": self.num_key_value_heads,
+                "rotary_embedding": serialize_optional_layer(self.rotary_embedding),
+                "implementation": self.implementation,
+                "position_bias": serialize_optional_layer(self.position_bias),
+                "sliding_window": self.sliding_window,
+                "seed": self.seed,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = deserialize_optional_layer(config, "rotary_embedding")
+        return cls(**deserialize_optional_layer(config, "position_bias"))
