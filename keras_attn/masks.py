@@ -227,7 +227,9 @@ def attention_heads_mask(value_mask=None, attention_mask=None):
     v = as_bool_mask(value_mask, "value_mask")
     a = as_bool_mask(attention_mask, "attention_mask")
     return merge_masks(
-        None if v is None else v[:, None, None, :], None if a is None else a[:, None]
+        # (B, 1, 1, Tv) by expand_dims: TFLite has no builtin for v[:, None, None, :] on bools
+        None if v is None else ops.expand_dims(ops.expand_dims(v, 1), 1),
+        None if a is None else a[:, None],
     )
 
 

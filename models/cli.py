@@ -7,6 +7,10 @@
 The default of every generated task needs no network: its tfds builder
 generates the data into `--data-dir`.
 
+Every flag is checked before any work (no data read, no model built): a bad
+value, or a flag the task does not take, stops the command with one line
+naming the flag and the value, exit status 2.
+
 With `--strategy multi-worker` every worker of `TF_CONFIG` runs the same command;
 the chief writes the files, the other workers make the same saves into temporary
 directories and delete them (README: "Training on several devices").
@@ -18,57 +22,213 @@ import os
 import sys
 import tempfile
 
+# TensorFlow's log lines (device probing, oneDNN, XLA, tf.data notices) are hidden unless
+# the user sets TF_CPP_MIN_LOG_LEVEL. TensorFlow reads the level once, when it is
+# imported, so this takes effect only where nothing imported TensorFlow before this
+# module (see `_quiet_tensorflow`); a program that imported it keeps its own logging.
+_QUIET = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+if _QUIET and "tensorflow" not in sys.modules:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+OUTPUT = "keras_attn_runs"
+TRAIN_EPILOG = f"""\
+outputs (OUTPUT is ./{OUTPUT} unless --output says otherwise):
+  OUTPUT/TASK.keras             the trained model (reload it after `import keras_attn`)
+  OUTPUT/TASK_savedmodel/       a SavedModel for serving (--export DIR instead)
+  OUTPUT/TASK_attention.png     attention weights of one test example (--plot FILE instead)
+  OUTPUT/TASK_metrics.json      the test metrics and the training losses
+
+TensorFlow's own log lines are hidden unless TF_CPP_MIN_LOG_LEVEL is set (e.g. to 0).
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """`argparse` whose errors are one line (no usage block), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _integer(text, low, what):
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise argparse.ArgumentTypeError(f"must be {what}. Received: {text!r}")
+    return value
+
+
+def _positive(text):
+    return _integer(text, 1, "a positive integer")
+
+
+def _non_negative(text):
+    return _integer(text, 0, "a non-negative integer")
+
+
+def _size(text):
+    """`--n`: `"50"` or a range `"5-50"` (low < high), kept as the string."""
+    low, _, high = text.partition("-")
+    try:
+        bounds = [int(low)] + ([int(high)] if high else [])
+    except ValueError:
+        bounds = []
+    if not bounds or min(bounds) < 1 or (len(bounds) == 2 and bounds[0] >= bounds[1]):
+        raise argparse.ArgumentTypeError(
+            f"must be a size like 50 or a range LOW-HIGH with LOW < HIGH, e.g. 5-50. "
+            f"Received: {text!r}"
+        )
+    return text
+
+
+def _sizes(text):
+    """`--eval-n`: sizes separated by commas, e.g. `"50,100,200"`, kept as the string."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be sizes separated by commas, e.g. 50,100,200. Received: {text!r}"
+        )
+    return text
+
 
 def _parser():
-    parser = argparse.ArgumentParser(prog="keras-attn", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="keras-attn", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("list", help="the tasks: a zoo model and a dataset each")
-    train = commands.add_parser("train", help="train a task, evaluate, save, export, plot")
-    train.add_argument("task", help="a task name from `keras-attn list`")
-    train.add_argument("--dataset", help="tfds name (with config) instead of the task's default")
-    train.add_argument("--data-dir", help="tfds data directory (default: tfds' own)")
-    train.add_argument("--epochs", type=int, help="training epochs (default: the task's)")
-    train.add_argument("--train-examples", type=int, help="use only this many training examples")
-    train.add_argument("--test-examples", type=int, default=500, help="examples to evaluate on")
-    train.add_argument("--batch-size", type=int, default=64)
-    train.add_argument("--download", action="store_true", help="let tfds download (network)")
-    train.add_argument("--output", default="keras_attn_runs", help="where the model files go")
-    train.add_argument("--export", help="SavedModel directory (default: OUTPUT/TASK_savedmodel)")
-    train.add_argument("--plot", help="attention plot PNG (default: OUTPUT/TASK_attention.png)")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--n", help="problem size of a pointer task: 50, or a range 5-50")
-    train.add_argument("--eval-n", help="also evaluate at these sizes, e.g. 50,100,200")
-    train.add_argument(
-        "--strategy", choices=["mirrored", "multi-worker"],
-        help="tf.distribute: all local devices, or the workers named by TF_CONFIG",
-    )  # fmt: skip
-    train.add_argument(
+    commands.add_parser("list", help="the tasks, each a zoo model and a dataset, their defaults")
+    train = commands.add_parser(
+        "train",
+        help="train a task, evaluate, save, export, plot",
+        description="Train a task (`keras-attn list`), evaluate it, save, export and plot it.",
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = train.add_argument
+    add("task", help="a task name from `keras-attn list`")
+    add("--dataset", help="tfds name (with config) instead of the task's default")
+    add("--data-dir", help="tfds data directory (default: tfds' own, ~/tensorflow_datasets)")
+    add("--epochs", type=_positive, help="passes over the training data (default: the task's)")
+    add(
+        "--train-examples",
+        type=_positive,
+        help="use this many training examples (default: the task's)",
+    )
+    add(
+        "--test-examples",
+        type=_positive,
+        default=500,
+        help="test examples to evaluate on (default: %(default)s)",
+    )
+    add("--batch-size", type=_positive, default=64, help="(default: %(default)s)")
+    add("--download", action="store_true", help="let tfds download a real dataset (network)")
+    add("--output", default=OUTPUT, help="where the files go (default: ./%(default)s)")
+    add("--export", help="SavedModel directory (default: OUTPUT/TASK_savedmodel)")
+    add("--plot", help="attention plot PNG (default: OUTPUT/TASK_attention.png)")
+    add("--seed", type=_non_negative, default=0, help="(default: %(default)s)")
+    add("--n", type=_size, help="pointer tasks: the training size, 50 or a range 5-50 (default: 5)")
+    add(
+        "--eval-n", type=_sizes, help="pointer tasks: also evaluate at these sizes, e.g. 50,100,200"
+    )
+    add(
+        "--strategy",
+        choices=["mirrored", "multi-worker"],
+        help="tf.distribute: all local devices, or the workers named by TF_CONFIG "
+        "(default: one device)",
+    )
+    add(
         "--pooling", choices=["attention", "mean"],
-        help="imdb tasks: the classifier's pooling (default attention; mean is the ablation)",
+        help="imdb tasks: the classifier's pooling (default: attention; mean is the ablation)",
     )  # fmt: skip
-    train.add_argument(
+    add(
         "--backup-dir",
         help="checkpoint here every epoch; a killed run resumes from it (delete it to start over)",
     )
     return parser
 
 
+def _quiet_tensorflow():
+    """Starts TensorFlow without its notices, unless the user set TF_CPP_MIN_LOG_LEVEL.
+
+    TensorFlow prints device and oneDNN notices while it loads, before its logging
+    starts (so whatever the level): the file descriptor of stderr points at /dev/null
+    for the import only, and an import error still shows its traceback. Then the
+    Python-side notices of TensorFlow and tfds (absl) are hidden too.
+    """
+    if not _QUIET:
+        return
+    if "tensorflow" not in sys.modules:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            with open(os.devnull, "w") as devnull:
+                os.dup2(devnull.fileno(), 2)
+                import tensorflow  # noqa: F401
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    import absl.logging
+    import tensorflow as tf
+
+    absl.logging.set_verbosity(absl.logging.ERROR)  # tfds' notices go through absl
+    tf.get_logger().setLevel("ERROR")
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:  # the task will say what it needs
+        return
+    tfds.disable_progress_bar()  # its bars while it generates a dataset, the first time
+
+
+def _flag_error(args, recipes):
+    """The first flag of `args` that `args.task` does not take or whose value it cannot use."""
+    if args.task not in recipes.TASKS:
+        return f"unknown task {args.task!r}; see `keras-attn list`"
+    run = recipes.TASKS[args.task][1]
+    for flag in ("n", "eval_n", "pooling"):
+        value = getattr(args, flag)
+        if value is not None and flag not in run.options:
+            takes = [t for t, (_, r) in recipes.TASKS.items() if flag in r.options]
+            return (
+                f"argument --{flag.replace('_', '-')}: does not apply to {args.task} "
+                f"(only to {', '.join(takes)}). Received: {value!r}"
+            )
+    if args.n is not None and args.dataset is not None:
+        return f"argument --n: --dataset already names the training set. Received: {args.n!r}"
+    if args.strategy == "multi-worker" and not os.environ.get("TF_CONFIG"):
+        return "argument --strategy: multi-worker needs TF_CONFIG. Received: 'multi-worker'"
+    dataset = args.dataset or getattr(run, "default_dataset", None)
+    if args.dataset is not None:
+        error = recipes.dataset_error(args.dataset)
+        if error:
+            return f"argument --dataset: {error}. Received: {args.dataset!r}"
+    sizes = [("--n", args.n, args.n)] if args.n else []
+    sizes += [("--eval-n", args.eval_n, n) for n in (args.eval_n or "").split(",") if n]
+    for flag, text, size in sizes:  # each needs a config of the builder: ".../n50"
+        try:
+            recipes.pointer.sized_dataset(dataset, size)
+        except ValueError as error:
+            return f"argument {flag}: {error}. Received: {text!r}"
+    return None
+
+
 def main(argv=None):
     """Runs the command line; returns the process exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _quiet_tensorflow()
     from models import recipes  # imports TensorFlow: after argument parsing
     from models.files import write_atomically
 
     if args.command == "list":
         width = max(map(len, recipes.TASKS))
-        for name, (description, _) in recipes.TASKS.items():
-            print(f"{name:<{width}}  {description}")
+        for name, (description, run) in recipes.TASKS.items():
+            print(f"{name:<{width}}  {description}; {recipes.defaults(run)}")
         return 0
-    if args.task not in recipes.TASKS:
-        print(f"keras-attn: unknown task {args.task!r}; see `keras-attn list`", file=sys.stderr)
-        return 2
-    if args.strategy == "multi-worker" and not os.environ.get("TF_CONFIG"):
-        print("keras-attn: --strategy multi-worker needs TF_CONFIG", file=sys.stderr)
+    error = _flag_error(args, recipes)
+    if error:
+        print(f"keras-attn train: error: {error}", file=sys.stderr)
         return 2
     settings = recipes.Settings(
         dataset=args.dataset,
@@ -102,22 +262,24 @@ def main(argv=None):
         "keras": f"{stem}.keras",
         "savedmodel": args.export or f"{stem}_savedmodel",
         "plot": args.plot or f"{stem}_attention.png",
+        "metrics": f"{stem}_metrics.json",
     }
     # Written next to their paths and renamed into place: a kill leaves no half files.
     write_atomically(paths["keras"], result.model.save)
     write_atomically(paths["savedmodel"], result.export)
     result.plot(paths["plot"])
-    print(f"trained {args.task} on {result.dataset}")
-    for metric, value in result.metrics.items():
-        print(f"  {metric}: {value:.4f}")
-    for what, path in paths.items():
-        print(f"  {what}: {path}")
     history = getattr(result.model, "history", None)  # Keras' `History` of the last `fit`
     losses = {"loss": history.history.get("loss", [])} if history else {}
-    with open(f"{stem}_metrics.json", "w") as f:
+    with open(paths["metrics"], "w") as f:
         json.dump(
             {"task": args.task, "dataset": result.dataset, **result.metrics, **losses}, f, indent=1
         )
+    print(f"trained {args.task} on {result.dataset}")
+    for metric, value in result.metrics.items():
+        print(f"  {metric}: {value:.4f}")
+    print("wrote")
+    for what, path in paths.items():
+        print(f"  {what}: {path}")
     return 0
 
 

@@ -1,19 +1,16 @@
 """Decoding for the zoo's autoregressive models.
 
-**Seq2seq** (`greedy_decode`, `beam_search`, `export_seq2seq`): a model is
-decoded through its *decoding steps* object (`decoding_steps(model)`):
+**Seq2seq** (`greedy_decode`, `beam_search`, `sample_decode`, `export_seq2seq`):
+a model is decoded through its *decoding steps* object (`decoding_steps(model)`,
+new kinds of model with `register_decoding_steps`):
 `start(encoder_inputs, max_length) -> state` encodes the source once, and
 `step(tokens, index, state) -> (logits, state)` feeds one token per example.
 For `transformer_seq2seq` a step runs the decoder blocks on their KV caches
 (O(T) per step instead of re-running the whole decoder, O(T^2)); for
 `rnn_seq2seq` it is one RNN cell step and one attention over the source.
 
-**Pointer networks** (`pointer_decode`, `polygon_decode`): constrained
-greedy decoding that runs the functional model once per step on the pointers
-decoded so far. Output row `t` of a `models.pointer_network` depends on the
-pointers before it only, so step `t` feeds the first `t + 1` pointers: the
-decoder costs O(t) per step, O(N^2) in all. (`models.pointer_search` has
-beam search over convex polygons.)
+The pointer networks' decoding (`pointer_decode`, `polygon_decode`,
+`predict_batch`) lives in `models.pointer_decoding` and is importable from here too.
 """
 
 import keras
@@ -22,8 +19,9 @@ import tensorflow as tf
 from keras import ops
 
 from models.files import write_atomically
-from models.geometry import open_polygon
+from models.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
 from models.rnn_seq2seq import RNNDecodingSteps
+from models.sampling import check_sampling, greedy_tokens, sample_tokens
 from models.transformer_seq2seq import TransformerDecodingSteps
 
 # ---------------------------------------------------------------------------
@@ -34,19 +32,82 @@ _STEPS = [TransformerDecodingSteps, RNNDecodingSteps]
 
 
 def register_decoding_steps(steps_class):
-    """Adds a decoding-steps class (with `matches(model)`, `start`, `step`) to the lookup."""
-    _STEPS.append(steps_class)
+    """Teaches greedy, beam, sampled decoding and `export_seq2seq` a new kind of model.
+
+    `decoding_steps(model)` returns `steps_class(model)` for the first
+    registered class whose `matches(model)` is true; classes registered later
+    are tried first (so one can take over a variant of a zoo model), and
+    registering a class twice changes nothing. The class implements:
+
+    - `matches(model) -> bool` (a static method): whether it decodes `model`;
+    - `__init__(model)`: picks the layers it needs from the model;
+    - `start(encoder_inputs, max_length) -> state`: encodes the int32 source
+      `(B, S)` once; `state` is a nest of tensors with a leading batch axis
+      (beam search reorders its rows);
+    - `step(tokens, index, state) -> (logits, state)`: feeds the `(B,)` tokens
+      at position `index` and returns the next-token logits `(B, V)`.
+
+    Written with `keras.ops`, the steps also run inside `export_seq2seq`'s
+    graph. For `export_seq2seq` the model takes `{"encoder_inputs",
+    "decoder_inputs"}` and returns logits `(B, T, V)` (teacher forcing).
+
+    Args:
+        steps_class: the class described above.
+
+    Returns:
+        `steps_class`, so this works as a class decorator.
+
+    Example: a hand-built model whose next token depends on the source (mean
+    embedding) and on the previous token only, so a step needs no cache.
+
+    >>> embed = keras.layers.Embedding(10, 8, name="embedding")
+    >>> logits_layer = keras.layers.Dense(10, name="logits")
+    >>> source = keras.Input((None,), dtype="int32", name="encoder_inputs")
+    >>> previous = keras.Input((None,), dtype="int32", name="decoder_inputs")
+    >>> context = keras.layers.GlobalAveragePooling1D(name="source_mean")(embed(source))
+    >>> hidden = embed(previous) + keras.ops.expand_dims(context, 1)  # (B, T, 8)
+    >>> model = keras.Model({"encoder_inputs": source, "decoder_inputs": previous},
+    ...                     logits_layer(hidden), name="bigram")
+    >>> @register_decoding_steps
+    ... class BigramSteps:
+    ...     @staticmethod
+    ...     def matches(model):
+    ...         return {"embedding", "source_mean", "logits"} <= {l.name for l in model.layers}
+    ...     def __init__(self, model):
+    ...         self.embed, self.logits = model.get_layer("embedding"), model.get_layer("logits")
+    ...         self.mean = model.get_layer("source_mean")
+    ...     def start(self, encoder_inputs, max_length):
+    ...         return {"context": self.mean(self.embed(encoder_inputs))}  # (B, 8)
+    ...     def step(self, tokens, index, state):
+    ...         return self.logits(self.embed(tokens) + state["context"]), state
+    >>> source_tokens = np.array([[3, 4, 5], [6, 7, 0]], "int32")
+    >>> print(greedy_decode(model, source_tokens, max_length=4, start_id=1).shape)
+    (2, 4)
+    >>> tokens, _ = beam_search(model, source_tokens, 4, start_id=1, end_id=2, beam_width=3)
+    >>> drawn = sample_decode(model, source_tokens, 4, start_id=1, top_p=0.9, seed=0)
+    >>> print(tokens.shape, drawn.shape)
+    (2, 4) (2, 4)
+    """
+    for method in ("matches", "start", "step"):
+        if not callable(getattr(steps_class, method, None)):
+            raise ValueError(
+                f"`steps_class` must define `{method}` (see `register_decoding_steps`). "
+                f"Received: steps_class={steps_class!r}"
+            )
+    if steps_class not in _STEPS:
+        _STEPS.insert(0, steps_class)
     return steps_class
 
 
 def decoding_steps(model):
-    """The decoding-steps object of a zoo seq2seq model."""
+    """The decoding-steps object of a seq2seq model (see `register_decoding_steps`)."""
     for steps_class in _STEPS:
         if steps_class.matches(model):
             return steps_class(model)
     raise ValueError(
         f"No decoding steps for model {model.name!r}: expected a model built by "
-        "models.transformer_seq2seq or models.rnn_seq2seq."
+        "models.transformer_seq2seq or models.rnn_seq2seq, or one whose class was "
+        "added with models.decoding.register_decoding_steps."
     )
 
 
@@ -87,6 +148,78 @@ def greedy_decode(model, encoder_inputs, max_length, start_id, end_id=None, step
     """
     _check_lengths(max_length, start_id, end_id)
     steps = steps or decoding_steps(model)
+
+    def choose(logits, index):
+        return greedy_tokens(logits)
+
+    return _decode(steps, encoder_inputs, max_length, start_id, end_id, choose)
+
+
+def sample_decode(
+    model,
+    encoder_inputs,
+    max_length,
+    start_id,
+    end_id=None,
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    seed=None,
+    steps=None,
+):
+    """Sampled decoding: `y_t ~ softmax(logits_t / temperature)`, truncated to top-k / top-p.
+
+    The same cached steps as `greedy_decode`; each step draws its token with
+    `models.sampling.sample_tokens` (temperature, then the `top_k` most likely
+    tokens, then the top-p nucleus: the smallest most-likely-first set with
+    mass >= `top_p`). `top_k=1`, or a temperature going to 0, gives the greedy
+    tokens. The uniform draws, one per step and example, come from
+    `keras.random.uniform` with `seed`: a fixed integer seed gives the same
+    tokens at every call; `None` draws from Keras' global seed generator
+    (`keras.utils.set_random_seed`). Token 0 (padding) is never drawn.
+
+    Args:
+        model, encoder_inputs, max_length, start_id, end_id, steps: as in
+            `greedy_decode`.
+        temperature: positive number dividing the logits (1 samples the
+            model's distribution; below 1 is sharper).
+        top_k: None, or sample among the `top_k` most likely tokens.
+        top_p: None, or the nucleus mass in `(0, 1]`.
+        seed: None or an integer.
+
+    Returns:
+        int32 `(B, max_length)` tokens (a tensor).
+
+    Example:
+
+    >>> from models import transformer_seq2seq
+    >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
+    >>> source = np.ones((2, 7), "int32")
+    >>> a = sample_decode(model, source, 5, start_id=1, top_k=10, top_p=0.9, seed=7)
+    >>> b = sample_decode(model, source, 5, start_id=1, top_k=10, top_p=0.9, seed=7)
+    >>> print(a.shape, bool(np.all(np.asarray(a) == np.asarray(b))))
+    (2, 5) True
+
+    References:
+        Fan et al., 2018, "Hierarchical Neural Story Generation",
+        https://arxiv.org/abs/1805.04833 (top-k);
+        Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration",
+        https://arxiv.org/abs/1904.09751 (top-p)
+    """
+    _check_lengths(max_length, start_id, end_id)
+    check_sampling(temperature, top_k, top_p, seed)
+    steps = steps or decoding_steps(model)
+    batch = ops.shape(ops.convert_to_tensor(encoder_inputs))[0]
+    uniform = keras.random.uniform((max_length, batch), seed=seed)  # one draw per step and row
+
+    def choose(logits, index):
+        return sample_tokens(logits, ops.take(uniform, index, axis=0), temperature, top_k, top_p)
+
+    return _decode(steps, encoder_inputs, max_length, start_id, end_id, choose)
+
+
+def _decode(steps, encoder_inputs, max_length, start_id, end_id, choose):
+    """The cached decoding loop; `choose(logits (B, V), index) -> (B,)` picks each token."""
     encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
     batch = ops.shape(encoder_inputs)[0]
     state = steps.start(encoder_inputs, max_length)
@@ -97,7 +230,7 @@ def greedy_decode(model, encoder_inputs, max_length, start_id, end_id=None, step
     def body(index, carry):
         tokens, outputs, finished, state = carry
         logits, state = steps.step(tokens, index, state)
-        tokens = ops.cast(ops.argmax(_without_padding(logits), axis=-1), "int32")
+        tokens = choose(_without_padding(logits), index)
         tokens = ops.where(finished, 0, tokens)
         if end_id is not None:
             finished = ops.logical_or(finished, ops.equal(tokens, end_id))
@@ -109,9 +242,9 @@ def greedy_decode(model, encoder_inputs, max_length, start_id, end_id=None, step
 
 
 def _without_padding(logits):
-    """Logits with token 0 (padding, never a real output token) ruled out."""
+    """Logits with token 0 (padding, never a real output token) ruled out (`-inf`)."""
     is_padding = ops.equal(ops.arange(ops.shape(logits)[-1]), 0)
-    return ops.where(is_padding, ops.cast(-1e9, logits.dtype), logits)
+    return ops.where(is_padding, ops.cast(float("-inf"), logits.dtype), logits)
 
 
 def _length_penalty(length, alpha):
@@ -201,162 +334,67 @@ def beam_search(
 
 
 def export_seq2seq(model, path, max_length, start_id, end_id=None):
-    """Exports a seq2seq model as a SavedModel that also decodes in its graph.
+    """Exports a seq2seq model as a SavedModel that decodes in its graph.
 
-    The SavedModel has two endpoints: `serve` (the teacher-forced model:
-    `{"encoder_inputs", "decoder_inputs"}` -> logits) and `greedy_decode`
-    (int32 source tokens `(B, S)` -> int32 tokens `(B, max_length)`, the
-    whole cached decoding loop inside the graph), so a SavedModel user gets
-    outputs without any Python decoding code:
+    Signatures (what TF Serving and converters see; int64 inputs, the dtype
+    `TextVectorization` emits):
+
+    - `serving_default`: `encoder_inputs` `(B, S)` -> `{"tokens": (B, max_length)}`
+      int32, greedy decoding, the whole cached loop inside the graph;
+    - `greedy_decode`: the same, its output unnamed (`output_0`);
+    - `serve`: the teacher-forced model, `encoder_inputs` `(B, S)` and
+      `decoder_inputs` `(B, T)` (by name) -> logits `(B, T, V)`.
+
+    From Python the three functions also take int32, and `serve` takes the
+    model's input dict:
 
         loaded = tf.saved_model.load(path)
-        tokens = loaded.greedy_decode(tf.constant(source_tokens))
+        tokens = loaded.greedy_decode(tf.constant(source_tokens))  # int32 or int64
+        logits = loaded.serve({"encoder_inputs": source, "decoder_inputs": previous})
+
+    For a `transformer_seq2seq`, `greedy_decode` converts to TFLite with builtin
+    ops only (`tf.lite.TFLiteConverter.from_saved_model(path,
+    signature_keys=["greedy_decode"])`); an `rnn_seq2seq` needs `SELECT_TF_OPS`
+    (the Keras RNN layers' TensorList ops).
 
     Args:
-        model: a zoo seq2seq model.
+        model: a seq2seq model with decoding steps (`register_decoding_steps`).
         path: the SavedModel directory, written atomically (`write_atomically`).
         max_length, start_id, end_id: as in `greedy_decode`.
     """
     _check_lengths(max_length, start_id, end_id)
     steps = decoding_steps(model)
-    tokens_spec = tf.TensorSpec((None, None), tf.int32)
+    if not isinstance(model.input, dict):
+        raise ValueError(
+            "`model` must take a dict of named inputs (the zoo's `{'encoder_inputs', "
+            f"'decoder_inputs'}}`). Received: model.input={model.input!r}"
+        )
+    names = tuple(model.input)
+
+    @tf.function
+    def decode(encoder_inputs):
+        source = ops.cast(encoder_inputs, "int32")
+        return greedy_decode(model, source, max_length, start_id, end_id, steps=steps)
+
+    @tf.function
+    def serving_default(encoder_inputs):
+        return {"tokens": decode(encoder_inputs)}
+
+    @tf.function
+    def teacher_forced(inputs):
+        return model({name: ops.cast(x, "int32") for name, x in inputs.items()}, training=False)
+
+    # The first trace of each function (int64) is its signature; int32 is traced for Python.
+    for dtype in (tf.int64, tf.int32):
+        source = tf.TensorSpec((None, None), dtype, name="encoder_inputs")
+        decode.get_concrete_function(source)
+        serving_default.get_concrete_function(source)
+        teacher_forced.get_concrete_function(
+            {name: tf.TensorSpec((None, None), dtype, name=name) for name in names}
+        )
     archive = keras.export.ExportArchive()
     archive.track(model)
-    archive.add_endpoint(
-        "serve",
-        lambda inputs: model(inputs, training=False),
-        input_signature=[{name: tokens_spec for name in model.input}],
-    )
-    archive.add_endpoint(
-        "greedy_decode",
-        lambda source: greedy_decode(model, source, max_length, start_id, end_id, steps=steps),
-        input_signature=[tokens_spec],
-    )
+    archive.add_endpoint("serving_default", serving_default)
+    archive.add_endpoint("greedy_decode", decode)
+    archive.add_endpoint("serve", teacher_forced)
     write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
-
-
-# ---------------------------------------------------------------------------
-# Shared helpers
-# ---------------------------------------------------------------------------
-
-
-def predict_batch(model, inputs):
-    """One inference call, NumPy in and out; right for a distributed model too.
-
-    `predict_on_batch` traces once per shape, so it is used when the model has one replica.
-    """
-    strategy = getattr(model, "distribute_strategy", None)  # TensorFlow backend only
-    if strategy is not None and strategy.num_replicas_in_sync > 1:
-        # Keras' `predict_on_batch` gives every replica the whole batch and concatenates
-        # their outputs (replicas x B rows): call the model on the batch once instead.
-        return np.asarray(model(inputs, training=False))
-    return np.asarray(model.predict_on_batch(inputs))
-
-
-# ---------------------------------------------------------------------------
-# Pointer networks
-# ---------------------------------------------------------------------------
-
-
-def pointer_decode(model, points, steps=None, constrained=True):
-    """Greedy pointer decoding that never points twice at the same position.
-
-        C_t = argmax_{j not in C_<t} p(C_t = j | C_<t, x)
-
-    At step `t` the model (a `models.pointer_network`) gets the pointers
-    decoded so far, `-1` (padding) for the steps not yet decoded, and row `t`
-    of its output is read. With `constrained=True` the positions already
-    chosen are excluded whatever the model says, so for `steps == N` the
-    output is always a permutation of `0..N-1` (a sort order). Padded points
-    (`pointer_network(pad_value=...)`) get probability 0 and are chosen only
-    once every real point is: decode at most as many steps as real points.
-
-    Costs `steps` model calls, the call at step `t` on `t + 1` pointers.
-
-    Args:
-        model: a pointer network with inputs `{"points", "pointers"}` and
-            output probabilities `(B, T, N)`.
-        points: float array `(B, N, d)`.
-        steps: number of pointers to decode; defaults to `N`.
-        constrained: exclude the positions already chosen.
-
-    Returns:
-        int32 NumPy array `(B, steps)` of positions in `[0, N)`.
-
-    Example:
-
-    >>> from models import pointer_network
-    >>> model = pointer_network(input_dim=1, units=8)
-    >>> order = pointer_decode(model, np.random.uniform(size=(2, 4, 1)))
-    >>> print(order.shape, sorted(order[0].tolist()))
-    (2, 4) [0, 1, 2, 3]
-    """
-    points = np.asarray(points, "float32")
-    if points.ndim != 3:
-        raise ValueError(f"`points` must have rank 3. Received: points.shape={points.shape}")
-    batch, num_points = points.shape[:2]
-    steps = num_points if steps is None else steps
-    if not isinstance(steps, int) or steps <= 0 or (constrained and steps > num_points):
-        raise ValueError(
-            "`steps` must be a positive integer, at most the number of points "
-            f"({num_points}) when constrained. Received: steps={steps!r}"
-        )
-    pointers = np.full((batch, steps), -1, "int32")
-    chosen = np.zeros((batch, num_points), bool)
-    rows = np.arange(batch)
-    for t in range(steps):
-        inputs = {"points": points, "pointers": pointers[:, : t + 1]}
-        probs = predict_batch(model, inputs)[:, t]  # (B, N)
-        if constrained:
-            probs = np.where(chosen, -np.inf, probs)
-        pointers[:, t] = np.argmax(probs, axis=-1)
-        chosen[rows, pointers[:, t]] = True
-    return pointers
-
-
-def polygon_decode(model, points):
-    """Greedy decoding of closed polygons (convex hulls) with a pointer network.
-
-    Positions already chosen are excluded, except the first one: pointing back
-    at it (after at least 3 vertices) closes the polygon and ends the
-    sequence, the end-of-sequence convention of the Pointer Networks paper
-    (train on hulls with their first vertex repeated at the end, with
-    `pointer_network(..., mask_chosen=False)`). Costs up to `N + 1` model calls,
-    the call at step `t` on `t + 1` pointers.
-
-    Args:
-        model: a pointer network with inputs `{"points", "pointers"}`.
-        points: float array `(B, N, d)`.
-
-    Returns:
-        A list of `B` int arrays: each polygon's vertices, without the closing index.
-
-    Example:
-
-    >>> from models import pointer_network
-    >>> model = pointer_network(input_dim=2, units=8, mask_chosen=False)
-    >>> hulls = polygon_decode(model, np.random.uniform(size=(2, 6, 2)))
-    >>> print(len(hulls), all(len(set(h.tolist())) == len(h) for h in hulls))
-    2 True
-    """
-    points = np.asarray(points, "float32")
-    if points.ndim != 3:
-        raise ValueError(f"`points` must have rank 3. Received: points.shape={points.shape}")
-    batch, num_points = points.shape[:2]
-    pointers = np.full((batch, num_points + 1), -1, "int32")  # -1: not decoded yet
-    chosen = np.zeros((batch, num_points), bool)
-    closed = np.zeros(batch, bool)
-    rows = np.arange(batch)
-    for t in range(num_points + 1):
-        inputs = {"points": points, "pointers": pointers[:, : t + 1]}
-        probs = predict_batch(model, inputs)[:, t]  # (B, N)
-        allowed = ~chosen
-        if t >= 3:  # pointing at the first vertex again closes the polygon
-            allowed[rows, pointers[:, 0]] = True
-        choice = np.argmax(np.where(allowed, probs, -1.0), axis=-1)
-        pointers[:, t] = np.where(closed, -1, choice)
-        chosen[rows, choice] = True
-        closed |= (t >= 3) & (choice == pointers[:, 0])
-        if closed.all():
-            break
-    return [open_polygon(row) for row in pointers]

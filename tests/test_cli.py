@@ -2,6 +2,9 @@
 
 import json
 import os
+import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -10,12 +13,34 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from models import cli, recipes
+from models.recipes import pointer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(capsys, *argv):
-    status = cli.main(list(argv))
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as exit:  # argparse: --help, or a value its type refuses
+        status = exit.code
     out, err = capsys.readouterr()
     return status, out, err
+
+
+def run_command(tmp_path, *argv, **env):
+    """`keras-attn` in a fresh process, as a user's shell runs it (no TF_CPP_MIN_LOG_LEVEL).
+
+    TensorFlow reads its log level once, when imported: the command runs `models/cli.py`
+    as the program, so that nothing imports TensorFlow before the command sets it.
+    """
+    environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    program = "import runpy; runpy.run_path('models/cli.py', run_name='__main__')"
+    completed = subprocess.run(
+        [sys.executable, "-c", program, *argv], cwd=ROOT, env={**environment, **env},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout + completed.stderr
 
 
 def test_list_names_every_task(capsys):
@@ -80,3 +105,134 @@ def test_unknown_task(capsys):
     assert status == 2 and "unknown task" in err
     with pytest.raises(ValueError, match="Unknown task"):
         recipes.train("no-such-task")
+
+
+# ---------------------------------------------------------------------------
+# Bad flags: refused before any work, one line naming the flag and the value, exit 2
+# ---------------------------------------------------------------------------
+
+BAD_FLAGS = [
+    ("transformer-reverse", ["--epochs", "0"], "--epochs", "'0'"),
+    ("transformer-reverse", ["--epochs", "-2"], "--epochs", "'-2'"),
+    ("transformer-reverse", ["--epochs", "two"], "--epochs", "'two'"),
+    ("transformer-reverse", ["--train-examples", "-5"], "--train-examples", "'-5'"),
+    ("transformer-reverse", ["--test-examples", "0"], "--test-examples", "'0'"),
+    ("transformer-reverse", ["--batch-size", "0"], "--batch-size", "'0'"),
+    ("transformer-reverse", ["--seed", "-1"], "--seed", "'-1'"),
+    ("pointer-sort", ["--n", "5-3"], "--n", "'5-3'"),
+    ("pointer-sort", ["--n", "five"], "--n", "'five'"),
+    ("pointer-sort", ["--n", "7"], "--n", "'7'"),  # no such builder config
+    ("pointer-sort", ["--eval-n", "x,y"], "--eval-n", "'x,y'"),
+    ("pointer-hull", ["--eval-n", "50,30"], "--eval-n", "'50,30'"),  # no n30 config
+    ("pointer-sort", ["--dataset", "keras_attn_sorting/n5", "--n", "10"], "--n", "'10'"),
+    ("transformer-reverse", ["--n", "5"], "--n", "'5'"),
+    ("transformer-reverse", ["--eval-n", "50"], "--eval-n", "'50'"),
+    ("pointer-sort", ["--pooling", "mean"], "--pooling", "'mean'"),
+    ("imdb-han", ["--n", "50"], "--n", "'50'"),
+    ("transformer-reverse", ["--pooling", "median"], "--pooling", "'median'"),
+    ("transformer-reverse", ["--dataset", "no_such_dataset"], "--dataset", "'no_such_dataset'"),
+    ("transformer-reverse", ["--dataset", "keras_attn_seq2seq/reverse-9"], "--dataset",
+     "'keras_attn_seq2seq/reverse-9'"),
+    ("transformer-reverse", ["--strategy", "multi-worker"], "--strategy", "'multi-worker'"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fails a test that gets as far as training (building data or a model)."""
+
+    def train(task, settings=None):
+        raise AssertionError(f"{task} started training")
+
+    monkeypatch.setattr(recipes, "train", train)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+
+
+@pytest.mark.parametrize("task,flags,flag,value", BAD_FLAGS)
+def test_a_bad_flag_stops_at_once_with_one_line(task, flags, flag, value, no_training, capsys):
+    status, out, err = run(capsys, "train", task, *flags)
+    assert status == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("keras-attn train: error: ") and flag in lines[0], err
+    assert value in lines[0], err
+
+
+@pytest.mark.parametrize(
+    "task,flags",
+    [
+        ("transformer-reverse", []),
+        ("transformer-reverse", ["--epochs", "1", "--train-examples", "5", "--seed", "0"]),
+        ("pointer-sort", ["--n", "5-20", "--eval-n", "50,100"]),
+        ("pointer-hull", ["--dataset", "keras_attn_convex_hull/n5-50", "--eval-n", "100"]),
+        ("imdb-han", ["--pooling", "mean", "--dataset", "imdb_reviews"]),
+    ],
+)
+def test_good_flags_go_through_to_training(task, flags, no_training, capsys):
+    with pytest.raises(AssertionError, match=f"{task} started training"):
+        cli.main(["train", task, *flags])
+    assert capsys.readouterr().err == ""
+
+
+def test_settings_refuse_what_the_command_line_refuses():
+    for field, value in (("epochs", 0), ("train_examples", -5), ("batch_size", 0),
+                         ("test_examples", 0), ("seed", -1), ("epochs", 2.5)):  # fmt: skip
+        with pytest.raises(ValueError, match=f"`{field}` must be .*Received: {field}="):
+            recipes.Settings(**{field: value})
+    assert recipes.Settings(epochs=None, train_examples=None).epochs is None
+
+
+def test_help_says_where_the_outputs_go_and_the_defaults(capsys):
+    status, out, _ = run(capsys, "train", "--help")
+    assert status == 0
+    flat = " ".join(out.split())
+    assert "./keras_attn_runs" in flat and "OUTPUT/TASK_savedmodel" in flat
+    for default in ("(default: 64)", "(default: 500)", "(default: 0)", "(default: the task's)"):
+        assert default in flat
+    status, out, _ = run(capsys, "list")
+    assert status == 0
+    assert re.search(r"transformer-reverse .*default: 5 epochs over 20,000 examples", out)
+
+
+def test_epochs_are_the_users_not_the_checkpoint_chunks(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(pointer, "CHUNK", 3)  # 8 steps in chunks of 3: 3 Keras epochs
+    status, out, _ = run(
+        capsys, "train", "pointer-sort", "--dataset", "keras_attn_sorting/tiny",
+        "--data-dir", str(tmp_path / "tfds"), "--epochs", "2", "--train-examples", "64",
+        "--batch-size", "16", "--test-examples", "8", "--output", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert status == 0
+    assert re.findall(r"Epoch \d+/\d+", out) == ["Epoch 1/2", "Epoch 2/2"]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # without the bar's colours
+    assert "4/4 " in plain and "5/5 " in plain, out  # 8 steps, rounded up to 3 chunks: 9
+
+
+# ---------------------------------------------------------------------------
+# The console of a run: progress, metrics, outputs, and no TensorFlow chatter
+# ---------------------------------------------------------------------------
+
+TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} ", re.MULTILINE)  # I1201 12:00:00.0 file.cc:1] ...
+
+
+def test_a_default_run_shows_progress_metrics_and_outputs_only(tmp_path):
+    out = run_command(
+        tmp_path, "train", "pointer-sort", "--dataset", "keras_attn_sorting/tiny",
+        "--data-dir", str(tmp_path / "tfds"), "--epochs", "1", "--train-examples", "64",
+        "--test-examples", "8", "--output", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert TF_LOG_LINE.search(out) is None, out
+    for noise in ("WARNING", "Warning", "oneDNN", "XLA", "Captures", "Saved artifact", ".tmp-"):
+        assert noise not in out, out
+    assert "Epoch 1/1" in out and "sequence_accuracy: " in out
+    assert f"savedmodel: {tmp_path / 'out' / 'pointer-sort_savedmodel'}" in out
+
+
+@pytest.mark.slow
+def test_the_seq2seq_pipeline_does_not_discard_a_cache(tmp_path):
+    out = run_command(  # TensorFlow's warnings shown: none of them from the pipeline
+        tmp_path, "train", "transformer-reverse", "--dataset", "keras_attn_seq2seq/tiny-reverse",
+        "--data-dir", str(tmp_path / "tfds"), "--epochs", "2", "--train-examples", "64",
+        "--test-examples", "8", "--output", str(tmp_path / "out"), TF_CPP_MIN_LOG_LEVEL="1",
+    )  # fmt: skip
+    assert "Epoch 2/2" in out and "exact_match: " in out
+    assert "did not fully read the dataset being cached" not in out, out

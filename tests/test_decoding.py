@@ -1,4 +1,4 @@
-"""Seq2seq decoding: cached steps equal the full model, beam search, in-graph export."""
+"""Seq2seq decoding: cached steps equal the full model, beam search, in-graph export, TFLite."""
 
 import itertools
 import os
@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from model_checks import padded_tokens
 from models import beam_search, export_seq2seq, greedy_decode, rnn_seq2seq, transformer_seq2seq
+from models.decoding import register_decoding_steps
 
 START, END = 1, 2
 rng = np.random.default_rng(0)
@@ -113,18 +114,147 @@ def test_wide_beam_search_finds_the_exhaustive_optimum(kind, alpha):
                                atol=1e-4)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["transformer", "rnn_additive_lstm"])
-def test_export_decodes_in_the_graph(kind, tmp_path):
-    model = small_seq2seq(kind)
-    source = padded_tokens(rng, 3, 8, 12)
-    path = os.path.join(str(tmp_path), "seq2seq")
-    export_seq2seq(model, path, max_length=6, start_id=START, end_id=END)
+def export(model, directory, max_length=6):
+    path = os.path.join(str(directory), "seq2seq")
+    export_seq2seq(model, path, max_length=max_length, start_id=START, end_id=END)
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported_transformer(tmp_path_factory):
+    """One export shared by the tests below, with the Keras model's outputs to compare with."""
+    model = small_seq2seq()
+    x = {
+        "encoder_inputs": padded_tokens(rng, 3, 8, 12),
+        "decoder_inputs": padded_tokens(rng, 3, 5, 12),
+    }
+    return {
+        "path": export(model, tmp_path_factory.mktemp("transformer")),
+        "inputs": x,
+        "tokens": np_(greedy_decode(model, x["encoder_inputs"], 6, START, END)),
+        "logits": np_(model(x)),
+    }
+
+
+def check_python_endpoints(path, inputs, tokens, logits):
     loaded = tf.saved_model.load(path)
-    expected = np_(greedy_decode(model, source, 6, START, END))
+    for dtype in ("int32", "int64"):  # int64: what TextVectorization emits
+        source = tf.constant(inputs["encoder_inputs"].astype(dtype))
+        np.testing.assert_array_equal(loaded.greedy_decode(source).numpy(), tokens)
+        np.testing.assert_array_equal(loaded.serving_default(source)["tokens"].numpy(), tokens)
+        served = loaded.serve({k: tf.constant(v.astype(dtype)) for k, v in inputs.items()})
+        np.testing.assert_allclose(served.numpy(), logits, atol=1e-5)
+
+
+def test_transformer_export_decodes_in_the_graph_from_int32_and_int64(exported_transformer):
+    check_python_endpoints(**exported_transformer)
+
+
+def test_rnn_export_decodes_in_the_graph_from_int32_and_int64(tmp_path):
+    model = small_seq2seq("rnn_additive_lstm")
+    x = {
+        "encoder_inputs": padded_tokens(rng, 3, 8, 12),
+        "decoder_inputs": padded_tokens(rng, 3, 5, 12),
+    }
+    tokens = np_(greedy_decode(model, x["encoder_inputs"], 6, START, END))
+    check_python_endpoints(export(model, tmp_path), x, tokens, np_(model(x)))
+
+
+def test_export_signatures_are_named_and_the_default_decodes(exported_transformer):
+    loaded = tf.saved_model.load(exported_transformer["path"])
+    x = {k: tf.constant(v, tf.int64) for k, v in exported_transformer["inputs"].items()}
+    signatures = loaded.signatures
+    assert set(signatures) == {"serving_default", "greedy_decode", "serve"}
+    specs = {k: signatures[k].structured_input_signature[1] for k in signatures}
+    assert {k: sorted(v) for k, v in specs.items()} == {
+        "serving_default": ["encoder_inputs"],
+        "greedy_decode": ["encoder_inputs"],
+        "serve": ["decoder_inputs", "encoder_inputs"],
+    }
+    assert all(spec.dtype == tf.int64 for v in specs.values() for spec in v.values())
+
+    # The default signature is the decoder: tokens in, tokens out.
+    tokens = signatures["serving_default"](encoder_inputs=x["encoder_inputs"])
+    assert list(tokens) == ["tokens"]
+    np.testing.assert_array_equal(tokens["tokens"].numpy(), exported_transformer["tokens"])
+
+    # Inputs are bound by name: the keyword order does not matter, a wrong name fails.
+    logits = signatures["serve"](
+        decoder_inputs=x["decoder_inputs"], encoder_inputs=x["encoder_inputs"]
+    )["output_0"]
+    np.testing.assert_allclose(logits.numpy(), exported_transformer["logits"], atol=1e-5)
+    with pytest.raises(TypeError, match="source"):
+        signatures["serving_default"](source=x["encoder_inputs"])
+
+
+@pytest.mark.filterwarnings("ignore:.*tf.lite.Interpreter is deprecated")
+def test_greedy_decode_export_converts_to_tflite_with_builtin_ops(exported_transformer):
+    path = exported_transformer["path"]
+    converter = tf.lite.TFLiteConverter.from_saved_model(path, signature_keys=["greedy_decode"])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no SELECT_TF_OPS
+    runner = tf.lite.Interpreter(model_content=converter.convert()).get_signature_runner(
+        "greedy_decode"
+    )
+    source = padded_tokens(rng, 4, 7, 12)  # another batch and length than the fixture's
+    tflite_tokens = runner(encoder_inputs=source.astype("int64"))["output_0"]
+    loaded = tf.saved_model.load(path)  # kept referenced: its variables live as long as it
+    saved_tokens = loaded.greedy_decode(tf.constant(source)).numpy()
+    np.testing.assert_array_equal(tflite_tokens, saved_tokens)
+    assert np.any(saved_tokens > 0)
+
+
+class MeanSourceSteps:
+    """Decoding steps of `hand_built_seq2seq`: the last token and the mean source embedding."""
+
+    @staticmethod
+    def matches(model):
+        return {"hb_embedding", "hb_source_mean", "hb_logits"} <= {x.name for x in model.layers}
+
+    def __init__(self, model):
+        self.embed = model.get_layer("hb_embedding")
+        self.mean = model.get_layer("hb_source_mean")
+        self.logits = model.get_layer("hb_logits")
+
+    def start(self, encoder_inputs, max_length):
+        return {"context": self.mean(self.embed(encoder_inputs))}  # (B, 8)
+
+    def step(self, tokens, index, state):
+        return self.logits(keras.ops.tanh(self.embed(tokens) + state["context"])), state
+
+
+def hand_built_seq2seq(vocab=12):
+    embed = keras.layers.Embedding(vocab, 8, name="hb_embedding")
+    source = keras.Input((None,), dtype="int32", name="encoder_inputs")
+    previous = keras.Input((None,), dtype="int32", name="decoder_inputs")
+    context = keras.layers.GlobalAveragePooling1D(name="hb_source_mean")(embed(source))
+    hidden = keras.ops.tanh(embed(previous) + keras.ops.expand_dims(context, 1))  # (B, T, 8)
+    logits = keras.layers.Dense(vocab, name="hb_logits")(hidden)
+    return keras.Model({"encoder_inputs": source, "decoder_inputs": previous}, logits)
+
+
+def test_registered_steps_decode_and_export_a_hand_built_model(tmp_path):
+    register_decoding_steps(MeanSourceSteps)
+    model = hand_built_seq2seq()
+    source = padded_tokens(rng, 3, 6, 12)
+    # The mean embedding counts padding here, in the model and in the steps alike.
+    tokens = np_(greedy_decode(model, source, 5, START))
+    np.testing.assert_array_equal(tokens, uncached_greedy(model, source, 5))
+    loaded = tf.saved_model.load(export(model, tmp_path, max_length=5))
+    expected = np_(greedy_decode(model, source, 5, START, END))
     np.testing.assert_array_equal(loaded.greedy_decode(tf.constant(source)).numpy(), expected)
-    x = {"encoder_inputs": source, "decoder_inputs": padded_tokens(rng, 3, 5, 12)}
-    served = loaded.serve({k: tf.constant(v) for k, v in x.items()})
-    np.testing.assert_allclose(served.numpy(), np_(model(x)), atol=1e-5)
+
+
+def test_register_decoding_steps_refuses_an_incomplete_class():
+    class NoStep:
+        @staticmethod
+        def matches(model):
+            return True
+
+        def start(self, encoder_inputs, max_length):
+            return {}
+
+    with pytest.raises(ValueError, match="`steps_class` must define `step`"):
+        register_decoding_steps(NoStep)
 
 
 def test_decoding_argument_errors():

@@ -3,10 +3,10 @@
 `test_paths_agree` runs each case of the table through `testing.assert_paths_agree`:
 every variant (the dense, fused and chunked kernels of `MultiHeadAttention`), eager
 and compiled with XLA, with zeros, huge values, +-inf and NaN at the padded steps,
-against one float64 reference on clean inputs, outputs and gradients. The full matrix
-of policies (float32, mixed_float16, mixed_bfloat16) runs for `MultiHeadAttention` and
-the two blocks; the other layers run the smaller one (float32 and mixed_float16, eager
-and XLA) to keep the file fast. The tests of one case and variant follow each other
+against one float64 reference on clean inputs, outputs and gradients. The quick run
+checks every layer in float32 and mixed_float16, eager and XLA; `mixed_bfloat16` runs
+for `MultiHeadAttention` and the two blocks in the slow run (`test_paths_agree_in_bfloat16`,
+the same checks; CI runs both). The tests of one case and variant follow each other
 and share their compilations; each defect the checks find in the library is a strict
 xfail (`LIBRARY_DEFECTS`).
 
@@ -37,12 +37,11 @@ from layer_table import (
 import keras_attn as ka
 from keras_attn import testing
 
+# The layers whose paths are checked in mixed_bfloat16 too (slow run).
 FULL_MATRIX = {"MultiHeadAttention", "TransformerEncoderBlock", "TransformerDecoderBlock"}
+QUICK_POLICIES = ("float32", "mixed_float16")
+SLOW_POLICIES = tuple(p for p in testing.differential.POLICIES if p not in QUICK_POLICIES)
 pytestmark = pytest.mark.filterwarnings("ignore:You are using a softmax over axis -1")
-
-
-def policies(name):
-    return testing.differential.POLICIES if name in FULL_MATRIX else ("float32", "mixed_float16")
 
 
 def variant_name(overrides):
@@ -59,7 +58,7 @@ def layer_for(name, case_name):
     return with_numpy_weights(layer)
 
 
-def check(name, case_name, variants, contents, gradients):
+def check(name, case_name, variants, contents, gradients, policies=QUICK_POLICIES):
     entry = TABLE[name]
     case = entry.cases[case_name]
     testing.assert_paths_agree(
@@ -68,7 +67,7 @@ def check(name, case_name, variants, contents, gradients):
         case.padding,
         variants=variants,
         reference=entry.reference,
-        policies=policies(name),
+        policies=policies,
         contents=contents,
         gradients=gradients,
         output_mask=case.output_mask,
@@ -105,9 +104,10 @@ def defect(test_id):
     return next((r for p, r in LIBRARY_DEFECTS.items() if re.match(p, test_id)), None)
 
 
-def params():
+def params(names=tuple(TABLE)):
     """One case and variant after the other, so that their tests share the compilations."""
-    for name, entry in TABLE.items():
+    for name in names:
+        entry = TABLE[name]
         for case_name, case in entry.cases.items():
             for overrides in entry.variants:
                 base = f"{name}-{case_name}-{variant_name(overrides)}"
@@ -127,6 +127,17 @@ def test_paths_agree(name, case, overrides, kind, contents):
     if kind == "outputs":
         check(name, case, [overrides], CONTENTS, gradients=False)
     check(name, case, [overrides], contents, gradients=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, case, overrides, kind, contents", list(params([n for n in TABLE if n in FULL_MATRIX]))
+)
+def test_paths_agree_in_bfloat16(name, case, overrides, kind, contents):
+    """`test_paths_agree` in the policies the quick run leaves out (mixed_bfloat16)."""
+    if kind == "outputs":
+        check(name, case, [overrides], CONTENTS, gradients=False, policies=SLOW_POLICIES)
+    check(name, case, [overrides], contents, gradients=True, policies=SLOW_POLICIES)
 
 
 # ---------------------------------------------------------------------------

@@ -50,7 +50,8 @@ def seq2seq_data(batch, length, vocab):
     return {"encoder_inputs": source, "decoder_inputs": decoder_inputs}, target
 
 
-@pytest.mark.parametrize("normalize_first", [False, True])
+# Post-norm in the quick run; pre-norm in the slow one (the classifier checks both quickly).
+@pytest.mark.parametrize("normalize_first", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_transformer_seq2seq_model_checks(normalize_first, tmp_path):
     model = transformer_seq2seq(
         14,

@@ -4,6 +4,7 @@ import os
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import keras_attn
@@ -60,7 +61,27 @@ def encoder_classifier(length):
     return keras.Model(tokens, keras.layers.Dense(2)(x))
 
 
-def test_two_layer_encoder_classifier_trains_saves_and_serves(tmp_path):
+def assert_padding_changes_nothing(model, tokens):
+    """A padded example scores as its unpadded self."""
+    for row in tokens:
+        unpadded = row[row != 0][None]
+        np.testing.assert_allclose(np_(model(row[None])), np_(model(unpadded)), atol=1e-5)
+
+
+def test_two_layer_encoder_classifier_fits_saves_and_serves(tmp_path):
+    """The quick run's version: one short epoch, then the padding and serving checks."""
+    keras.utils.set_random_seed(0)
+    x, y = majority_task(128, 16, np.random.default_rng(0))
+    model = encoder_classifier(16)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    history = model.fit(x, y, epochs=2, batch_size=64, verbose=0).history["loss"]
+    assert np.all(np.isfinite(history)) and history[-1] < history[0], history
+    assert_padding_changes_nothing(model, x[:3])
+    assert_saves_and_serves(model, x[:8], tmp_path)
+
+
+@pytest.mark.slow
+def test_two_layer_encoder_classifier_learns_the_majority_task():
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x_train, y_train = majority_task(3000, 16, rng)
@@ -75,11 +96,7 @@ def test_two_layer_encoder_classifier_trains_saves_and_serves(tmp_path):
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     assert accuracy > 0.9, accuracy  # chance is 0.5; measured 1.0
 
-    # Padding changes nothing: a padded example scores as its unpadded self.
-    for tokens in x_test[:5]:
-        unpadded = tokens[tokens != 0][None]
-        np.testing.assert_allclose(np_(model(tokens[None])), np_(model(unpadded)), atol=1e-5)
-    assert_saves_and_serves(model, x_test[:8], tmp_path)
+    assert_padding_changes_nothing(model, x_test[:5])  # serving: the quick test, same model
 
 
 # -- 2-layer encoder-decoder -----------------------------------------------------
@@ -112,7 +129,32 @@ def encoder_decoder(length):
     return keras.Model(inputs, keras.layers.Dense(VOCAB)(y))
 
 
-def test_two_layer_encoder_decoder_trains_saves_and_serves(tmp_path):
+def assert_source_padding_changes_nothing(model, inputs, count):
+    """Source padding changes no target position (the implicit mask reaches cross-attention)."""
+    for i in range(count):
+        source = inputs["source"][i]
+        unpadded = {
+            "source": source[source != 0][None],
+            "decoder_inputs": inputs["decoder_inputs"][i : i + 1],
+        }
+        padded = {k: v[i : i + 1] for k, v in inputs.items()}
+        np.testing.assert_allclose(np_(model(padded)), np_(model(unpadded)), atol=1e-5)
+
+
+def test_two_layer_encoder_decoder_fits_saves_and_serves(tmp_path):
+    """The quick run's version: one short epoch, then the padding and serving checks."""
+    keras.utils.set_random_seed(0)
+    x, y = reverse_task(128, 8, np.random.default_rng(1))
+    model = encoder_decoder(8)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    history = model.fit(x, y, epochs=2, batch_size=64, verbose=0).history["loss"]
+    assert np.all(np.isfinite(history)) and history[-1] < history[0], history
+    assert_source_padding_changes_nothing(model, x, 3)
+    assert_saves_and_serves(model, {k: v[:8] for k, v in x.items()}, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_layer_encoder_decoder_learns_to_reverse():
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(1)
     train, train_target = reverse_task(4000, 8, rng)
@@ -128,13 +170,4 @@ def test_two_layer_encoder_decoder_trains_saves_and_serves(tmp_path):
     token_accuracy = (predicted == test_target)[real].mean()
     assert token_accuracy > 0.9, token_accuracy  # chance is 1/11; measured 1.0
 
-    # Source padding changes no target position (the implicit mask reaches cross-attention).
-    for i in range(5):
-        source = test["source"][i]
-        unpadded = {
-            "source": source[source != 0][None],
-            "decoder_inputs": test["decoder_inputs"][i : i + 1],
-        }
-        padded = {k: v[i : i + 1] for k, v in test.items()}
-        np.testing.assert_allclose(np_(model(padded)), np_(model(unpadded)), atol=1e-5)
-    assert_saves_and_serves(model, {k: v[:8] for k, v in test.items()}, tmp_path)
+    assert_source_padding_changes_nothing(model, test, 5)  # serving: the quick test

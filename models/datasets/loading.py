@@ -35,6 +35,16 @@ def padding_values(element_spec):
     return tf.nest.map_structure(value, element_spec)
 
 
+def read_config():
+    """tfds' `ReadConfig` without its in-memory cache of small datasets.
+
+    tfds caches a small dataset whole; a pipeline that then reads only part of it
+    (`take(k)`, a bounded evaluation) makes TensorFlow discard the partial cache and warn
+    at every pass. Cache what you read instead: `load(...).take(k).cache()`.
+    """
+    return tfds.ReadConfig(try_autocache=False)
+
+
 def load(name, split="train", data_dir=None, *, batch_size=None, shuffle_files=False):
     """Returns `(inputs, targets)` pairs of a tfds dataset, preparing it first if it is ours.
 
@@ -53,6 +63,8 @@ def load(name, split="train", data_dir=None, *, batch_size=None, shuffle_files=F
             `padding_values` (floats -1.0, integers -1); a fixed-length config gives full
             tensors, a variable-length one pads each batch to its longest example.
         shuffle_files: passed to `as_dataset`.
+
+    The dataset is not cached (`read_config`): call `.cache()` after any `take`.
 
     Returns:
         A `tf.data.Dataset` of `(inputs, targets)` (`as_supervised=True`).
@@ -79,7 +91,9 @@ def load(name, split="train", data_dir=None, *, batch_size=None, shuffle_files=F
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(try_download_gcs=False)
         )
-    ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=shuffle_files)
+    ds = builder.as_dataset(
+        split=split, as_supervised=True, shuffle_files=shuffle_files, read_config=read_config()
+    )
     if batch_size is not None:
         ds = ds.padded_batch(batch_size, padding_values=padding_values(ds.element_spec))
     return ds

@@ -1,5 +1,6 @@
 """What every recipe shares: run settings, the result, distribution, backups, data loading."""
 
+import bisect
 import dataclasses
 import json
 import os
@@ -38,6 +39,19 @@ class Settings:
     backup_dir: str | None = None
     # Text classifiers: "attention" (the task's default) or "mean" (the ablation).
     pooling: str | None = None
+
+    def __post_init__(self):
+        for name, low in (("epochs", 1), ("train_examples", 1), ("test_examples", 1),
+                          ("batch_size", 1), ("seed", 0)):  # fmt: skip
+            value = getattr(self, name)
+            optional = name in ("epochs", "train_examples")
+            if (value is None and optional) or (isinstance(value, int) and value >= low):
+                continue
+            kind = "a positive integer" if low else "a non-negative integer"
+            raise ValueError(
+                f"`{name}` must be {kind}{' or None' if optional else ''}. "
+                f"Received: {name}={value!r}"
+            )
 
     def callbacks(self):
         """The callbacks every recipe passes to `model.fit`."""
@@ -114,6 +128,42 @@ def writes_files(model):
     """
     strategy = getattr(model, "distribute_strategy", None)  # TensorFlow backend only
     return strategy is None or strategy.extended.should_checkpoint
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """Keras' progress bar over the run's epochs when `fit` trains in shorter chunks.
+
+    A recipe that checkpoints every `chunk` steps gives `fit` one "epoch" per chunk;
+    this shows the user's `epochs` instead: epoch `e` (from 0) covers steps
+    `round(e * steps / epochs) + 1` to `round((e + 1) * steps / epochs)`. Use it with
+    `fit(..., verbose=0)`. The metrics shown are the means of the current chunk.
+
+    Args:
+        steps: the steps of the whole run.
+        epochs: the epochs to show.
+        chunk: `fit`'s `steps_per_epoch`.
+    """
+
+    def __init__(self, steps, epochs, chunk):
+        super().__init__()
+        self.ends = [round((e + 1) * steps / epochs) for e in range(epochs)]
+        self.chunk = chunk
+        self._first_step, self._epoch, self._bar = 0, None, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._first_step = epoch * self.chunk  # a resumed run begins at a later chunk
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._first_step + batch + 1  # counted from 1
+        epoch = bisect.bisect_left(self.ends, step)
+        start = self.ends[epoch - 1] if epoch else 0
+        if epoch != self._epoch:
+            print(f"Epoch {epoch + 1}/{len(self.ends)}", flush=True)
+            names = list(logs or {})
+            self._epoch = epoch
+            self._bar = keras.utils.Progbar(self.ends[epoch] - start, stateful_metrics=names)
+        values = [(name, float(value)) for name, value in (logs or {}).items()]
+        self._bar.update(step - start, values=values, finalize=step == self.ends[epoch])
 
 
 # ---------------------------------------------------------------------------
@@ -240,6 +290,7 @@ def load_supervised(name, split, settings):
             data_dir=settings.data_dir,
             as_supervised=True,
             download=settings.download,
+            read_config=loading.read_config(),
         ).with_options(options)
     except (AssertionError, FileNotFoundError) as error:  # tfds: "could not find data"
         raise FileNotFoundError(
@@ -247,6 +298,38 @@ def load_supervised(name, split, settings):
             "keras-attn does not download unless asked: pass --download (needs network), "
             "or run a task on one of the local datasets (`keras-attn list`)."
         ) from error
+
+
+def adam_warmup_cosine(steps, peak_learning_rate, warmup_steps=500, clipnorm=None):
+    """Adam whose rate rises linearly from 0 for `min(warmup_steps, steps // 10)` steps to
+    `peak_learning_rate`, then falls to 0 along a cosine by step `steps`."""
+    warmup = min(warmup_steps, steps // 10)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, steps - warmup, warmup_target=peak_learning_rate, warmup_steps=warmup
+    )
+    return keras.optimizers.Adam(schedule, clipnorm=clipnorm)
+
+
+def dataset_error(name):
+    """Why tfds has no dataset `name` ("builder" or "builder/config"); None if it has one.
+
+    Looks only at the registered builder classes: reads no data, needs no network.
+    Namespaced names (`"namespace:dataset"`) are left to tfds.
+    """
+    import tensorflow_datasets as tfds
+
+    builder, _, config = name.partition("/")
+    if ":" in builder:  # a namespace, or a version after the builder: tfds decides
+        return None
+    try:
+        builder_class = tfds.builder_cls(builder)
+    except tfds.core.DatasetNotFoundError:
+        return f"tfds has no dataset {builder!r}"
+    configs = [c.name for c in getattr(builder_class, "BUILDER_CONFIGS", None) or []]
+    config = config.split(":")[0]  # "config:1.0.0"
+    if config and configs and config not in configs:
+        return f"{builder} has no config {config!r} (configs: {', '.join(configs)})"
+    return None
 
 
 def take(ds, count):

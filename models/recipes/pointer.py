@@ -28,8 +28,16 @@ import models
 from models.datasets import loading
 from models.geometry import hull_report, open_polygon, rotate_to_lowest_index
 from models.pointer_search import polygon_beam_search, sort_decode
-from models.recipes.common import Result, load_supervised, numpy_pairs, take
+from models.recipes.common import (
+    EpochProgress,
+    Result,
+    adam_warmup_cosine,
+    load_supervised,
+    numpy_pairs,
+    take,
+)
 
+EPOCHS = 10  # passes over the training examples unless `Settings.epochs` says otherwise
 CHUNK = 250  # steps between two checkpoints of `--backup-dir`
 UNITS = 128
 PEAK_LEARNING_RATE = 1e-3
@@ -53,11 +61,14 @@ def pointer_task(task_name, default_dataset):
         model = build_model(hull)
         train, steps, chunk = training_data(name, settings, hull)
         skipped = _resumed_epoch(settings.backup_dir) * chunk  # batches a resumed run did
-        model.compile(optimizer=_optimizer(steps), loss=_loss())
+        model.compile(
+            optimizer=adam_warmup_cosine(steps, PEAK_LEARNING_RATE, clipnorm=1.0), loss=_loss()
+        )
         start = time.perf_counter()
+        progress = EpochProgress(steps, settings.epochs or EPOCHS, chunk)  # not the chunks
         model.fit(
             train.skip(skipped), epochs=steps // chunk, steps_per_epoch=chunk,
-            callbacks=settings.callbacks(), verbose=2,
+            callbacks=[*settings.callbacks(), progress], verbose=0, shuffle=False,
         )  # fmt: skip
         metrics = {"train_steps": float(steps), "train_seconds": time.perf_counter() - start}
         if settings.backup_dir:  # an interrupted evaluation need not train again
@@ -83,10 +94,15 @@ def pointer_task(task_name, default_dataset):
             fig = plotting.plot_pointer(test_points[0][real], prediction, target=target)
             plotting.save_figure(fig, path)
 
-        return Result(name, model, metrics, model.export, plot)
+        def export(path):
+            model.export(path, verbose=False)
+
+        return Result(name, model, metrics, export, plot)
 
     run.__name__ = task_name
     run.default_dataset = default_dataset
+    run.options = {"n", "eval_n"}  # the `Settings` fields only this kind of task reads
+    run.defaults = f"{EPOCHS} epochs over the whole train split"
     return run
 
 
@@ -96,14 +112,6 @@ def build_model(hull):
         input_dim=2 if hull else 1, units=UNITS, encoder="transformer",
         mask_chosen=not hull, pad_value=loading.PAD_VALUE,
     )  # fmt: skip
-
-
-def _optimizer(steps):
-    warmup = min(500, steps // 10)
-    schedule = keras.optimizers.schedules.CosineDecay(
-        0.0, steps - warmup, warmup_target=PEAK_LEARNING_RATE, warmup_steps=warmup
-    )
-    return keras.optimizers.Adam(schedule, clipnorm=1.0)
 
 
 def _loss():
@@ -169,7 +177,7 @@ def schedule(name, settings):
     """`(examples, steps, chunk)`: `epochs` passes over the examples, in whole chunks."""
     config = tfds.builder(name, data_dir=settings.data_dir).builder_config
     count = settings.train_examples or config.num_train
-    steps = max(1, math.ceil((settings.epochs or 10) * count / settings.batch_size))
+    steps = max(1, math.ceil((settings.epochs or EPOCHS) * count / settings.batch_size))
     chunk = min(CHUNK, steps)
     return count, chunk * math.ceil(steps / chunk), chunk
 

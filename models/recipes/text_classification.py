@@ -12,6 +12,7 @@ from models.recipes.common import Result, load_supervised, take
 # ---------------------------------------------------------------------------
 
 MAX_TOKENS, MAX_WORDS, MAX_SENTENCES, SENTENCE_WORDS = 20000, 256, 12, 32
+EPOCHS, TRAIN_EXAMPLES = 2, 25000  # unless `Settings` says otherwise
 
 
 def _clean(text):
@@ -26,7 +27,8 @@ def _sentences(text):
 def imdb_task(task_name, architecture):
     def run(settings):
         name = settings.dataset or "imdb_reviews"
-        train = take(load_supervised(name, "train", settings), settings.train_examples or 25000)
+        count = settings.train_examples or TRAIN_EXAMPLES
+        train = take(load_supervised(name, "train", settings), count).cache()  # take, then cache
         test = take(load_supervised(name, "test", settings), settings.test_examples)
         hierarchical = architecture == "han"
         vectorizer = keras.layers.TextVectorization(
@@ -64,7 +66,7 @@ def imdb_task(task_name, architecture):
             metrics=["accuracy"],
         )
         model.fit(
-            batches(train, shuffle=True), epochs=settings.epochs or 2, shuffle=False,
+            batches(train, shuffle=True), epochs=settings.epochs or EPOCHS, shuffle=False,
             callbacks=settings.callbacks(),
         )  # fmt: skip
         _, accuracy = model.evaluate(batches(test), verbose=0)
@@ -90,9 +92,14 @@ def imdb_task(task_name, architecture):
                 fig = _pooling_plot(model, ids, words, plotting)
             plotting.save_figure(fig, path)
 
-        return Result(name, model, {"accuracy": float(accuracy)}, model.export, plot)
+        def export(path):
+            model.export(path, verbose=False)
+
+        return Result(name, model, {"accuracy": float(accuracy)}, export, plot)
 
     run.__name__ = task_name
+    run.options = {"pooling"}  # the `Settings` fields only this kind of task reads
+    run.defaults = f"{EPOCHS} epochs over {TRAIN_EXAMPLES:,} examples"
     return run
 
 

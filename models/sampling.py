@@ -1,0 +1,95 @@
+"""Choosing the next token from a decoder's logits: greedy and sampled.
+
+`models.decoding` calls these once per decoding step, inside its loop (eager,
+or a `tf.function` in a SavedModel). Both use `ops.top_k` rather than
+`ops.argmax`: on TensorFlow, Keras' `argmax` adds a sign-bit test
+(`tf.BitwiseAnd`) that TFLite's builtin ops lack, while `top_k` converts and
+breaks ties the same way (the lowest token id first).
+"""
+
+import math
+import numbers
+
+from keras import ops
+
+
+def greedy_tokens(logits):
+    """`(B, V)` logits -> `(B,)` int32 `argmax_v logits[b, v]` (ties: the lowest id).
+
+    Example:
+
+    >>> print(ops.convert_to_numpy(greedy_tokens(np.array([[0.1, 2.0, 2.0], [3.0, 0.0, 1.0]]))))
+    [1 0]
+    """
+    _, ids = ops.top_k(logits, 1)  # (B, 1)
+    return ops.cast(ids[:, 0], "int32")
+
+
+def check_sampling(temperature, top_k, top_p, seed):
+    """Raises `ValueError` naming the first bad sampling argument."""
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, numbers.Real)
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ValueError(
+            "`temperature` must be a positive finite number (for temperature 0 use "
+            f"greedy decoding). Received: temperature={temperature!r}"
+        )
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"`top_k` must be None or a positive integer. Received: top_k={top_k!r}")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1
+    ):
+        raise ValueError(f"`top_p` must be None or a number in (0, 1]. Received: top_p={top_p!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"`seed` must be None or an integer. Received: seed={seed!r}")
+
+
+def sample_tokens(logits, uniform, temperature=1.0, top_k=None, top_p=None):
+    """Draws one token per row from `softmax(logits / temperature)`, truncated.
+
+    The candidates are the `top_k` most likely tokens (all when None); of
+    these, top-p (nucleus) sampling keeps the smallest most-likely-first set
+    whose probability mass reaches `top_p`: token `i` in decreasing order is
+    kept when the mass of the tokens before it is below `top_p`. The kept
+    probabilities are renormalized and the token is drawn by inverse CDF from
+    `uniform`: the first candidate whose cumulative probability exceeds
+    `uniform * total`. So `top_k=1`, or a temperature going to 0, is greedy.
+
+    Args:
+        logits: float `(B, V)`; a ruled-out token has logit `-inf`.
+        uniform: float `(B,)` draws from `U[0, 1)`, one per row.
+        temperature: positive number dividing the logits.
+        top_k: None or the number of most likely tokens to sample from
+            (more than `V` means all).
+        top_p: None or the nucleus mass in `(0, 1]`.
+
+    Returns:
+        int32 `(B,)` token ids.
+
+    Example:
+
+    >>> logits = np.log(np.array([[0.5, 0.3, 0.2]], "float32"))
+    >>> [int(sample_tokens(logits, np.array([u]))[0]) for u in (0.1, 0.6, 0.9)]
+    [0, 1, 2]
+    >>> [int(sample_tokens(logits, np.array([u]), top_p=0.7)[0]) for u in (0.1, 0.6, 0.9)]
+    [0, 0, 1]
+    """
+    logits = ops.cast(logits, "float32") / temperature
+    vocab = logits.shape[-1]
+    k = vocab if top_k is None else min(top_k, vocab)
+    values, ids = ops.top_k(logits, k)  # (B, k), most likely first; ties: lowest id first
+    if k == 1:
+        return ops.cast(ids[:, 0], "int32")
+    probs = ops.softmax(values, axis=-1)
+    if top_p is not None:
+        before = ops.cumsum(probs, axis=-1) - probs  # mass of the more likely candidates
+        probs = ops.where(before < top_p, probs, 0.0)
+    cdf = ops.cumsum(probs, axis=-1)  # (B, k), unnormalized
+    threshold = ops.expand_dims(ops.cast(uniform, "float32"), -1) * cdf[:, -1:]  # (B, 1)
+    rank = ops.sum(ops.cast(ops.less_equal(cdf, threshold), "int32"), axis=-1)  # (B,)
+    rank = ops.minimum(rank, k - 1)  # uniform < 1, so only rounding could reach k
+    chosen = ops.take_along_axis(ids, ops.expand_dims(rank, -1), axis=-1)  # (B, 1)
+    return ops.cast(chosen[:, 0], "int32")
