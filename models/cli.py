@@ -13,7 +13,7 @@ naming the flag and the value, exit status 2.
 
 With `--strategy multi-worker` every worker of `TF_CONFIG` runs the same command;
 the chief writes the files, the other workers make the same saves into temporary
-directories and delete them (README: "Training on several devices").
+directories and delete them (docs/training.md).
 """
 
 import argparse

@@ -24,7 +24,7 @@ RECIPE = ["train", "rnn-attention-reverse", "--dataset", DATASET, "--epochs", "3
           "--train-examples", "64", "--test-examples", "8", "--batch-size", "16"]  # fmt: skip
 # The same computation split over replicas: the replicas sum their half-batch gradients
 # in another order than one device sums the whole batch, and float32 rounding (~1e-7
-# relative) grows a little over the steps. Measured: <2e-7 relative (README,
+# relative) grows a little over the steps. Measured: <2e-7 relative (docs/training.md,
 # "Training on several devices").
 LOSS_RTOL = 1e-4
 # The recipe's loss is a mean over the real (unpadded) tokens, and Keras takes that mean
@@ -117,7 +117,7 @@ def one_replica(data_dir, tmp_path_factory):
 
     Not the run without `--strategy`: under any strategy Keras 3.15 draws one batch to
     build the model before training, so a reshuffling `tf.data` pipeline trains on its
-    second shuffle instead of its first (README: "Training on several devices").
+    second shuffle instead of its first (docs/training.md).
     """
     return _train(tmp_path_factory.mktemp("one"), "one", data_dir, 1, "--strategy", "mirrored")
 

@@ -1,4 +1,4 @@
-"""The experiment commands behind the README's results tables, end to end at tiny sizes."""
+"""The experiment commands behind results/README.md's tables, end to end at tiny sizes."""
 
 import json
 

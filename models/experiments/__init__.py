@@ -1,4 +1,4 @@
-"""Measured comparisons behind the README's results tables, one module per question.
+"""Measured comparisons behind the results tables (results/README.md), one module per question.
 
 Each is a command that trains under a fixed budget, writes JSON (and a plot), and
 prints a table:

@@ -78,7 +78,7 @@ def train(task, settings=None):
     With `settings.strategy` the whole recipe runs in the strategy's scope, so the model
     it builds has mirrored variables (one copy per replica) and its `fit` and `evaluate`
     split every global batch of `settings.batch_size` over the replicas: the same
-    updates as one device, up to float rounding (README: "Training on several devices").
+    updates as one device, up to float rounding (docs/training.md).
     """
     if task not in TASKS:
         raise ValueError(f"Unknown task {task!r}. Tasks: {', '.join(TASKS)}")

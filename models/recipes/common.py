@@ -95,7 +95,7 @@ def distribution_strategy(name):
         if not os.environ.get("TF_CONFIG"):
             raise ValueError(
                 "strategy='multi-worker' needs the cluster in the TF_CONFIG environment "
-                "variable (see the README, 'Several machines'). Received: no TF_CONFIG."
+                "variable (see docs/training.md, 'Several machines'). Received: no TF_CONFIG."
             )
         return _MultiWorkerMirroredStrategy()
     raise ValueError(f"`strategy` must be None or one of {STRATEGIES}. Received: strategy={name!r}")
