@@ -57,23 +57,21 @@ class Bias:
 
     def full(self, query_positions, key_positions, num_heads):
         """The float32 sum of every term over the whole `(Tq, Tv)` grid."""
-        total = None
-        for t in self.tensors:
-            total = t if total is None else total + t
-        for f, params in zip(self.functions, self.parameters, strict=True):
-            b = f.position_bias(query_positions, key_positions, params, num_heads=num_heads)
-            total = b if total is None else total + b
-        return total
+        return self._total(self.tensors, query_positions, key_positions, num_heads)
 
     def block(self, query_positions, key_positions, first, size, num_heads, slicer):
         """The float32 bias of key block `[first, first + size)`: tensors sliced, functions run."""
-        total = None
-        for t in self.tensors:
-            b = t if t.shape[-1] == 1 else slicer(t, -1, first, size)
-            total = b if total is None else total + b
-        for f, params in zip(self.functions, self.parameters, strict=True):
-            b = f.position_bias(query_positions, key_positions, params, num_heads=num_heads)
-            total = b if total is None else total + b
+        tensors = [t if t.shape[-1] == 1 else slicer(t, -1, first, size) for t in self.tensors]
+        return self._total(tensors, query_positions, key_positions, num_heads)
+
+    def _total(self, tensors, query_positions, key_positions, num_heads):
+        terms = list(tensors) + [
+            f.position_bias(query_positions, key_positions, params, num_heads=num_heads)
+            for f, params in zip(self.functions, self.parameters, strict=True)
+        ]
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
         return total
 
     def block_gradients(self, d_scores, query_positions, key_positions):

@@ -264,3 +264,14 @@ def _marks(inputs, padding):
             )
         marks[name] = real
     return marks
+
+
+def _float64():
+    """A context in which float64 is float64: JAX's x64 mode (TensorFlow needs none)."""
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.enable_x64(True)
+    import contextlib
+
+    return contextlib.nullcontext()

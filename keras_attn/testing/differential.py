@@ -13,6 +13,7 @@ from keras_attn.testing._support import (
     _compare,
     _compile,
     _flatten,
+    _float64,
     _freeze,
     _is_float,
     _marks,
@@ -57,17 +58,6 @@ def _with_policy(config, policy):
     if isinstance(dtype, str) and "float" in dtype or isinstance(dtype, dict):
         new["dtype"] = policy  # a policy's name, or a serialized `keras.DTypePolicy`
     return new
-
-
-def _float64():
-    """A context in which float64 is float64: JAX's x64 mode (TensorFlow needs none)."""
-    if keras.backend.backend() == "jax":
-        import jax
-
-        return jax.enable_x64(True)
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def _keep(cache, key, make, size=32):
@@ -289,7 +279,7 @@ def _cached_calls(layer):
     Without a cache, the full causal pass; with one, `(out, cache, cross)`: a
     `MultiHeadAttention` (`cache=`) or a decoder block (`self_attention_cache=`).
     """
-    if not _is_decoder_block(layer):
+    if not hasattr(layer, "compute_cross_attention_cache"):
 
         def call(x, mask, cache=None, index=None, *source_and_cross):
             masks = {"query_mask": mask, "value_mask": mask, "use_causal_mask": True}
@@ -309,12 +299,6 @@ def _cached_calls(layer):
         return (*out, None) if cache is not None and len(out) == 2 else out
 
     return call, layer.empty_cache
-
-
-def _is_decoder_block(layer):
-    from keras_attn.transformer_decoder import TransformerDecoderBlock
-
-    return isinstance(layer, TransformerDecoderBlock)
 
 
 def assert_cached_decoding_agrees(
@@ -369,7 +353,7 @@ def assert_cached_decoding_agrees(
             f"`padding_mask` must be the (B, T) of `sequence`, and 1 <= prompt_length <= T. "
             f"Received: shapes {x.shape}, {mask.shape}, prompt_length={prompt}"
         )
-    if source is not None and not _is_decoder_block(layer):
+    if source is not None and not hasattr(layer, "compute_cross_attention_cache"):
         raise ValueError("A `MultiHeadAttention` decodes without an `encoder_sequence`.")
     real = None if source is None else np.ones(source.shape[:2], bool)
     real = real if encoder_padding_mask is None else np.asarray(encoder_padding_mask, bool)
