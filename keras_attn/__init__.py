@@ -24,6 +24,10 @@ from keras_attn.rotary import RotaryEmbedding
 from keras_attn.transformer import FeedForward, TransformerEncoderBlock
 from keras_attn.transformer_decoder import TransformerDecoderBlock
 
+# The zoo's glue layers (registered under `keras_attn.zoo>`), so that `import keras_attn`
+# is all a user needs to reload a zoo model; `keras_attn.zoo` itself loads lazily.
+from keras_attn.zoo import layers as _zoo_layers  # noqa: F401, E402
+
 __all__ = [
     "AdditiveAttention",
     "AlibiBias",
@@ -56,8 +60,9 @@ __all__ = [
 def __getattr__(name):
     # `keras_attn.testing` (the property checks) loads on first use: it is not
     # needed to build or run a model, and imports more of the backend.
-    if name == "testing":
+    # `keras_attn.zoo` (the model builders) likewise.
+    if name in ("testing", "zoo"):
         import importlib
 
-        return importlib.import_module("keras_attn.testing")
+        return importlib.import_module(f"keras_attn.{name}")
     raise AttributeError(f"module 'keras_attn' has no attribute {name!r}")

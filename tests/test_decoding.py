@@ -8,9 +8,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_attn.zoo import (
+    beam_search,
+    export_seq2seq,
+    greedy_decode,
+    rnn_seq2seq,
+    transformer_seq2seq,
+)
+from keras_attn.zoo.decoding import register_decoding_steps
 from model_checks import padded_tokens
-from models import beam_search, export_seq2seq, greedy_decode, rnn_seq2seq, transformer_seq2seq
-from models.decoding import register_decoding_steps
 
 START, END = 1, 2
 rng = np.random.default_rng(0)

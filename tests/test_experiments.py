@@ -7,7 +7,7 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-from models.experiments import han_ablation, rnn_attention  # noqa: E402
+from experiments import han_ablation, rnn_attention  # noqa: E402
 
 
 def test_decoded_accuracy_counts_the_end_token_and_ignores_padding():

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
-from models.decoding import export_seq2seq
-from models.files import write_atomically
-from models.recipes import BackupAndRestore, Settings
+from keras_attn import zoo
+from keras_attn.zoo.decoding import export_seq2seq
+from keras_attn.zoo.files import write_atomically
+from keras_attn.zoo.recipes import BackupAndRestore, Settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 300  # seconds for one run, the start of TensorFlow included
@@ -28,7 +28,7 @@ EPOCHS, STEPS, BATCH = 4, 8, 8  # of the kill test's run
 
 def classifier():
     """A small zoo model with dropout (in its attention too): its generators must resume."""
-    model = models.transformer_classifier(
+    model = zoo.transformer_classifier(
         50, 12, 2, num_layers=1, num_heads=2, d_model=16, intermediate_dim=32, dropout=0.2
     )
     model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(True))
@@ -178,7 +178,7 @@ def _listing(path):
 
 
 def test_an_export_failing_mid_write_leaves_no_destination_and_no_litter(tmp_path, monkeypatch):
-    model = models.rnn_seq2seq(12, 12, 8, 8)
+    model = zoo.rnn_seq2seq(12, 12, 8, 8)
     path = tmp_path / "out" / "savedmodel"
     _fail_mid_write(monkeypatch)
     with pytest.raises(OSError, match="killed mid-write"):
@@ -187,7 +187,7 @@ def test_an_export_failing_mid_write_leaves_no_destination_and_no_litter(tmp_pat
 
 
 def test_an_export_failing_mid_write_leaves_the_previous_export(tmp_path, monkeypatch):
-    model = models.rnn_seq2seq(12, 12, 8, 8)
+    model = zoo.rnn_seq2seq(12, 12, 8, 8)
     path = str(tmp_path / "savedmodel")
     export_seq2seq(model, path, max_length=4, start_id=1, end_id=2)
     before = {name: (tmp_path / "savedmodel" / name).read_bytes() for name in _listing(path)}

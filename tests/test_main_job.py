@@ -41,7 +41,7 @@ def test_the_readme_states_the_figure_and_its_tolerance():
 def test_the_main_job_reaches_the_figure_the_readme_states(tmp_path):
     out = tmp_path / "runs"
     completed = subprocess.run(  # the README's command, its data generated afresh
-        [sys.executable, "-m", "models.cli", "train", "transformer-reverse",
+        [sys.executable, "-m", "keras_attn.zoo.cli", "train", "transformer-reverse",
          "--data-dir", str(tmp_path / "tfds"), "--output", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip

@@ -4,14 +4,14 @@ import keras
 import numpy as np
 import pytest
 
-import models.datasets
+import keras_attn.zoo.datasets
+from keras_attn.zoo import pointer_decode, pointer_network
+from keras_attn.zoo.datasets import convex_hull_indices
+from keras_attn.zoo.decoding import polygon_decode
+from keras_attn.zoo.geometry import hull_metrics, is_simple_polygon
+from keras_attn.zoo.layers import ChosenPositionsMask, PointerDecoderInputs
 from layer_checks import check_layer
 from model_checks import check_model
-from models import pointer_decode, pointer_network
-from models.datasets import convex_hull_indices
-from models.decoding import polygon_decode
-from models.geometry import hull_metrics, is_simple_polygon
-from models.layers import ChosenPositionsMask, PointerDecoderInputs
 
 N = 5
 
@@ -207,7 +207,7 @@ def test_pointer_network_learns_to_sort_five_numbers():
 
 
 def test_pointer_network_trains_on_the_convex_hull_dataset(tmp_path):
-    dataset = models.datasets.load(
+    dataset = keras_attn.zoo.datasets.load(
         "keras_attn_convex_hull/tiny", "train", str(tmp_path / "tfds"), batch_size=32
     )
     points, hull = (_np(t) for t in next(iter(dataset)))  # padded with -1.0 / -1

@@ -4,8 +4,8 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attn.zoo import rnn_seq2seq
 from model_checks import check_model
-from models import rnn_seq2seq
 
 SCORES = ["additive", "dot", "scaled_dot", "bilinear", None]
 VOCAB, PAD, BOS, EOS = 20, 0, 1, 2

@@ -4,8 +4,8 @@ import keras
 import numpy as np
 import pytest
 
+from keras_attn.zoo import greedy_decode, transformer_classifier, transformer_seq2seq
 from model_checks import check_model, padded_tokens
-from models import greedy_decode, transformer_classifier, transformer_seq2seq
 
 START, END = 1, 2
 rng = np.random.default_rng(0)

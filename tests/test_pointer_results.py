@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from models import geometry, pointer_decode, pointer_network
-from models.datasets import convex_hull_indices
-from models.decoding import polygon_decode
-from models.pointer_search import convex_candidates, polygon_beam_search, sort_decode
-from models.recipes import Settings, pointer, train
+from keras_attn.zoo import geometry, pointer_decode, pointer_network
+from keras_attn.zoo.datasets import convex_hull_indices
+from keras_attn.zoo.decoding import polygon_decode
+from keras_attn.zoo.pointer_search import convex_candidates, polygon_beam_search, sort_decode
+from keras_attn.zoo.recipes import Settings, pointer, train
 
 # A unit square with its centre and an edge midpoint: the hull is [0, 1, 2, 3].
 SQUARE = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [0.5, 0.5], [0.5, 0]], "float64")
@@ -241,7 +241,7 @@ def test_an_unfinished_run_resumes_and_can_be_evaluated(tiny_sizes, tmp_path):
 def test_hull_beam_command_measures_each_width_once_and_resumes(
     tiny_sizes, tmp_path, capsys, monkeypatch
 ):
-    from models.experiments import hull_beam
+    from experiments import hull_beam
 
     backup = tmp_path / "backup"
     backup.mkdir()

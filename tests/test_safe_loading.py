@@ -3,9 +3,9 @@
 The shared checks (`layer_checks`, `model_checks`, `keras_attn.testing`) already
 save and reload every layer and zoo model in the test process. What is added here:
 
-- a reload in a fresh Python process that imports only `keras_attn` and `models`
+- a reload in a fresh Python process that imports only `keras_attn`
   (what a user does), with `safe_mode=True` and no `custom_objects`, covering every
-  class registered under `keras_attn>` and `models>` (a new class without a case
+  class registered under `keras_attn>` and `keras_attn.zoo>` (a new class without a case
   fails the test), nested objects included (score layers, rotary embeddings);
 - no code in the project asks for `safe_mode=False`, `custom_objects` or unsafe
   deserialization;
@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 
 import keras_attn as ka
-import models
+from keras_attn import zoo
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("keras_attn>", "models>")
+PACKAGES = ("keras_attn>", "keras_attn.zoo>")
 rng = np.random.default_rng(0)
 Q = rng.normal(size=(2, 4, 8)).astype("float32")
 V = rng.normal(size=(2, 5, 8)).astype("float32")
@@ -124,34 +124,32 @@ CASES = {
         {"decoder_sequence": Q, "encoder_sequence": V, "encoder_padding_mask": V_MASK},
     ),
     "transformer_classifier": lambda: (
-        models.transformer_classifier(
+        zoo.transformer_classifier(
             20, 8, 3, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16, pooling="attention"
         ),
         {"tokens": _tokens(2, 8, 20)},
     ),  # fmt: skip
     "transformer_seq2seq": lambda: (
-        models.transformer_seq2seq(
-            15, 15, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16
-        ),
+        zoo.transformer_seq2seq(15, 15, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16),
         _seq2seq_inputs(),
     ),  # fmt: skip
     "rnn_seq2seq": lambda: (
-        models.rnn_seq2seq(15, 15, embedding_dim=8, units=8, score="bilinear"),
+        zoo.rnn_seq2seq(15, 15, embedding_dim=8, units=8, score="bilinear"),
         _seq2seq_inputs(),
     ),
     "pointer_network": lambda: (
-        models.pointer_network(input_dim=1, units=8),
+        zoo.pointer_network(input_dim=1, units=8),
         {
             "points": rng.uniform(size=(2, 4, 1)).astype("float32"),
             "pointers": np.array([[2, 0, 1, 3], [1, 3, 0, 2]], "int32"),
         },
     ),
     "hierarchical_attention_network": lambda: (
-        models.hierarchical_attention_network(30, 8, 4, 4, 3, max_sentences=2, max_words=4),
+        zoo.hierarchical_attention_network(30, 8, 4, 4, 3, max_sentences=2, max_words=4),
         {"tokens": rng.integers(0, 30, size=(2, 2, 4)).astype("int32")},
     ),
     "hierarchical_attention_network(pooling=mean)": lambda: (
-        models.hierarchical_attention_network(
+        zoo.hierarchical_attention_network(
             30, 8, 4, 4, 3, max_sentences=2, max_words=4, pooling="mean"
         ),
         {"tokens": rng.integers(0, 30, size=(2, 2, 4)).astype("int32")},
@@ -176,7 +174,7 @@ LOADER = textwrap.dedent(
     import os, pathlib, sys
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras, numpy as np
-    import keras_attn, models  # what a user imports; no custom_objects
+    import keras_attn  # what a user imports; no custom_objects
 
     failures, paths = [], sorted(pathlib.Path(sys.argv[1]).glob("*.keras"))
     for path in paths:
@@ -258,7 +256,7 @@ def test_nothing_in_the_project_asks_for_unsafe_loading():
     unsafe = ("safe_mode=False", "enable_unsafe_deserialization", "custom_objects=")
     offenders = [
         f"{path.relative_to(ROOT)}: {word}"
-        for folder in ("keras_attn", "models", "examples", "tests", "benchmarks")
+        for folder in ("keras_attn", "experiments", "examples", "tests", "benchmarks")
         for path in sorted((ROOT / folder).rglob("*.py"))
         for word in unsafe
         if word in path.read_text() and path != pathlib.Path(__file__).resolve()

@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 from layer_table import LAYERS, WIDTH  # the table of every layer, shared
 
 import keras_attn as ka
-import models
-from keras_attn import testing
+from keras_attn import testing, zoo
 
 SETTINGS = hypothesis.settings(
     max_examples=3,
@@ -173,7 +172,7 @@ def _seq2seq_inputs(rng):
 
 
 def classifier_checks(rng, tmp_path):
-    model = models.transformer_classifier(
+    model = zoo.transformer_classifier(
         20, 12, 3, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16,
         pooling="attention", position="learned", dropout=0.1,
     )  # fmt: skip
@@ -190,7 +189,7 @@ def classifier_checks(rng, tmp_path):
 
 
 def seq2seq_checks(rng, tmp_path):
-    model = models.transformer_seq2seq(15, 15, num_layers=1, num_heads=2, d_model=8,
+    model = zoo.transformer_seq2seq(15, 15, num_layers=1, num_heads=2, d_model=8,
                                        intermediate_dim=16)  # fmt: skip
     inputs = _seq2seq_inputs(rng)
     padding = {"encoder_inputs": inputs["encoder_inputs"] != 0}
@@ -201,7 +200,7 @@ def seq2seq_checks(rng, tmp_path):
 
 
 def rnn_checks(rng, tmp_path):
-    model = models.rnn_seq2seq(15, 15, embedding_dim=8, units=8, score="additive")
+    model = zoo.rnn_seq2seq(15, 15, embedding_dim=8, units=8, score="additive")
     inputs = _seq2seq_inputs(rng)
     padding = {"encoder_inputs": inputs["encoder_inputs"] != 0}
     testing.assert_padding_invariance(model, inputs, padding, pad_value=0)
@@ -211,7 +210,7 @@ def rnn_checks(rng, tmp_path):
 
 
 def pointer_checks(rng, tmp_path):
-    model = models.pointer_network(input_dim=1, units=8, pad_value=-1.0)
+    model = zoo.pointer_network(input_dim=1, units=8, pad_value=-1.0)
     points = rng.uniform(size=(3, 5, 1)).astype("float32")
     points[1, 3:] = -1.0  # padding points
     pointers = np.argsort(np.where(points[..., 0] < 0, 9, points[..., 0]), -1).astype("int32")
@@ -226,7 +225,7 @@ def pointer_checks(rng, tmp_path):
 
 def han_checks(rng, tmp_path):
     keras.config.set_dtype_policy("mixed_bfloat16")  # the zoo under a mixed policy
-    model = models.hierarchical_attention_network(
+    model = zoo.hierarchical_attention_network(
         vocab_size=30, embedding_dim=8, word_units=4, sentence_units=4, num_classes=3,
         max_sentences=3, max_words=5,
     )  # fmt: skip

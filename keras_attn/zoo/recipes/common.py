@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from models.datasets import loading
+from keras_attn.zoo.datasets import loading
 
 START, END = "<s>", "</s>"
 

@@ -13,7 +13,7 @@ import zlib
 import numpy as np
 import tensorflow_datasets as tfds
 
-from models.geometry import convex_hull_indices
+from keras_attn.zoo.geometry import convex_hull_indices
 
 SPLITS = ("train", "validation", "test")
 _POINTER_NETWORKS = "https://arxiv.org/abs/1506.03134"
@@ -110,8 +110,8 @@ class KerasAttnSorting(_SyntheticBuilder):
     Example:
 
     ```python
-    import models.datasets
-    ds = models.datasets.load("keras_attn_sorting/n10", "train", batch_size=128)
+    import keras_attn.zoo.datasets
+    ds = keras_attn.zoo.datasets.load("keras_attn_sorting/n10", "train", batch_size=128)
     # (inputs (128, 10, 1) float32, targets (128, 10) int32)
     ```
 
@@ -170,8 +170,8 @@ class KerasAttnConvexHull(_SyntheticBuilder):
     Example:
 
     ```python
-    import models.datasets
-    ds = models.datasets.load("keras_attn_convex_hull/n5-50", "train", batch_size=128)
+    import keras_attn.zoo.datasets
+    ds = keras_attn.zoo.datasets.load("keras_attn_convex_hull/n5-50", "train", batch_size=128)
     # (inputs (128, None, 2) float32 padded with -1.0, targets (128, None) int32 padded with -1)
     ```
 
@@ -237,7 +237,7 @@ class KerasAttnSeq2seq(_SyntheticBuilder):
 
     ```python
     import tensorflow_datasets as tfds
-    import models.datasets  # registers the builders
+    import keras_attn.zoo.datasets  # registers the builders
     ds = tfds.load("keras_attn_seq2seq/reverse-5-20", split="train", as_supervised=True)
     # (b"q b x", b"x b q"), ...: scalar strings, ready for keras.layers.TextVectorization
     ```

@@ -34,7 +34,7 @@ import tensorflow_datasets as tfds
 
 
 class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """A builder whose data is on this machine: `models.datasets.load` prepares it."""
+    """A builder whose data is on this machine: `keras_attn.zoo.datasets.load` prepares it."""
 
 
 def package_dir(name):

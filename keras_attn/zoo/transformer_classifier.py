@@ -3,7 +3,7 @@
 import keras
 
 import keras_attn
-from models.layers import MeanPooling
+from keras_attn.zoo.layers import MeanPooling
 
 _POOLINGS = ("mean", "attention")
 

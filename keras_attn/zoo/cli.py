@@ -26,7 +26,9 @@ import tempfile
 # the user sets TF_CPP_MIN_LOG_LEVEL. TensorFlow reads the level once, when it is
 # imported, so this takes effect only where nothing imported TensorFlow before this
 # module (see `_quiet_tensorflow`); a program that imported it keeps its own logging.
-_QUIET = "TF_CPP_MIN_LOG_LEVEL" not in os.environ
+# The installed command (bin/keras-attn) sets the level itself before importing
+# `keras_attn`, and says so with KERAS_ATTN_QUIET.
+_QUIET = "TF_CPP_MIN_LOG_LEVEL" not in os.environ or os.environ.get("KERAS_ATTN_QUIET") == "1"
 if _QUIET and "tensorflow" not in sys.modules:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
@@ -218,8 +220,8 @@ def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
     _quiet_tensorflow()
-    from models import recipes  # imports TensorFlow: after argument parsing
-    from models.files import write_atomically
+    from keras_attn.zoo import recipes  # imports TensorFlow: after argument parsing
+    from keras_attn.zoo.files import write_atomically
 
     if args.command == "list":
         width = max(map(len, recipes.TASKS))

@@ -3,8 +3,8 @@
 Each is a command that trains under a fixed budget, writes JSON (and a plot), and
 prints a table:
 
-- `python -m models.experiments.rnn_attention`: RNN seq2seq with and without
+- `python -m experiments.rnn_attention`: RNN seq2seq with and without
   attention (each score) as the sequence grows;
-- `python -m models.experiments.han_ablation`: the hierarchical attention network
+- `python -m experiments.han_ablation`: the hierarchical attention network
   with attention pooling vs mean pooling, over seeds.
 """

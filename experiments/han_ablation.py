@@ -5,7 +5,7 @@ network with averaged word and sentence vectors. This command trains the
 `imdb-han` recipe both ways, same data, epochs and seeds, and reports the test
 accuracy's mean and spread:
 
-    python -m models.experiments.han_ablation --dataset imdb_reviews --seeds 0,1,2 --epochs 2
+    python -m experiments.han_ablation --dataset imdb_reviews --seeds 0,1,2 --epochs 2
 
 `imdb_reviews` must be prepared in `--data-dir` (or pass `--download`). Offline,
 `--dataset keras_attn_rt_polarity` trains on the Rotten Tomatoes snippets that
@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from models.experiments import store
+from experiments import store
 
 POOLINGS = ("attention", "mean")
 
@@ -67,7 +67,7 @@ def table(results):
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    from models import recipes
+    from keras_attn.zoo import recipes
 
     settings = {k: v for k, v in vars(args).items() if k not in ("output", "data_dir", "download")}
     results = store.load(args.output, settings, free=("seeds",))
