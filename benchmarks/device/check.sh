@@ -43,6 +43,11 @@ limit_for() {
     limit=$(( $1 < left ? $1 : left ))
 }
 
+# inner MARGIN: the time a step gives its own work, leaving MARGIN s (or a third) to wind up.
+inner() {
+    echo $(( limit > 3 * $1 ? limit - $1 : limit * 2 / 3 ))
+}
+
 # run_step NAME COMMAND...: runs COMMAND under timeout $limit; records "name rc seconds limit".
 run_step() {
     local name=$1
@@ -92,22 +97,22 @@ if (( ! dry )); then
     export -f install_wheels
     limit_for 90
     run_step install bash -c install_wheels
-    if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "import keras" 2>/dev/null; then
+    if [[ -x "$venv/bin/python" ]] && KERAS_BACKEND=jax "$venv/bin/python" -c "import keras"; then
         py="$venv/bin/python"
     elif [[ -d "$site" ]]; then
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     fi
 fi
-bench=("$py" -m benchmarks.device.bench --parts "$parts" --logs "$logs" "${flag[@]}")
+bench=("$py" -m benchmarks.device.bench --parts "$parts" --logs "$logs" ${flag[@]+"${flag[@]}"})
 
 limit_for 60
 XLA_PYTHON_CLIENT_PREALLOCATE=false run_step env "${bench[@]}" env
 for backend in jax torch; do
     if (( dry )); then limit_for 120; else limit_for $([[ $backend == jax ]] && echo 80 || echo 50); fi
     XLA_PYTHON_CLIENT_PREALLOCATE=false \
-        run_step "tests-$backend" "${bench[@]}" tests --backend "$backend" --limit $(( limit - 20 ))
+        run_step "tests-$backend" "${bench[@]}" tests --backend "$backend" --limit "$(inner 20)"
     if (( dry )); then limit_for 150; else limit_for $([[ $backend == jax ]] && echo 180 || echo 90); fi
-    run_step "speed-$backend" "${bench[@]}" speed --backend "$backend" --budget $(( limit - 10 ))
+    run_step "speed-$backend" "${bench[@]}" speed --backend "$backend" --budget "$(inner 10)"
 done
 limit_for $(( dry ? 60 : 40 ))
 XLA_PYTHON_CLIENT_PREALLOCATE=false run_step fit-jax "${bench[@]}" fit --backend jax

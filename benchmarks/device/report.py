@@ -224,7 +224,7 @@ def header(mode, env, steps):
         " Keras' time / ours (> 1: ours faster). Keras' layer: default flash_attention=None"
         " (the backend's fused kernel where Keras' checks pass). Kernel: what"
         " keras_attn.ops.choose_implementation picked; +cuDNN fMHA where the compiled JAX step"
-        " calls cuDNN's fused attention. Heads of width 64.",
+        " calls cuDNN's fused attention.",
         "- TFLOP/s: matmul FLOPs only, fwd+bwd = 3 x forward (no flash recompute); peak GiB:"
         " JAX, the compiled step's memory analysis; torch, max_memory_allocated.",
     ]
