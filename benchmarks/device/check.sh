@@ -34,7 +34,8 @@ else
     total=${DEVICE_CHECK_SECONDS:-465}
     flag=()
     export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
-    py=python3
+    py="${DEVICE_PYTHON:-python3}"  # the Python that has JAX and torch
+    base="$py"
 fi
 
 # limit_for MAX: sets $limit to MAX or what is left of the whole, whichever is less.
@@ -71,7 +72,7 @@ install_wheels() {
         echo "no $wh: build it with benchmarks/device/build_wheelhouse.sh and carry it" >&2
         return 1
     fi
-    if python3 -m venv --system-site-packages "$venv" \
+    if "$base" -m venv --system-site-packages "$venv" \
         && "$venv/bin/python" -m pip install --no-index --find-links "$wh" keras==3.15.1 pytest \
         && "$venv/bin/python" -m pip install --no-index --no-deps --find-links "$wh" keras-attn; then
         echo "venv $venv"
@@ -79,21 +80,21 @@ install_wheels() {
     fi
     echo "venv failed; installing into $site" >&2
     rm -rf "$site" && mkdir -p "$site"
-    if python3 -m pip install --no-index --find-links "$wh" --target "$site" keras==3.15.1 pytest \
-        && python3 -m pip install --no-index --no-deps --find-links "$wh" --target "$site" keras-attn
+    if "$base" -m pip install --no-index --find-links "$wh" --target "$site" keras==3.15.1 pytest \
+        && "$base" -m pip install --no-index --no-deps --find-links "$wh" --target "$site" keras-attn
     then
         return 0
     fi
     echo "pip failed; unpacking the wheels into $site" >&2
     for wheel in "$wh"/*.whl; do
-        python3 -m zipfile -e "$wheel" "$site" || return 1
+        "$base" -m zipfile -e "$wheel" "$site" || return 1
     done
 }
 
 if (( ! dry )); then
     venv="${TMPDIR:-/tmp}/keras-attn-device-venv"
     site="${TMPDIR:-/tmp}/keras-attn-device-site"
-    export venv site
+    export venv site base
     export -f install_wheels
     limit_for 90
     run_step install bash -c install_wheels
