@@ -226,6 +226,7 @@ def backend_attention(
     mask = masks.merge_masks(mask, positions)  # what goes to Keras as `mask`
     # Every position mask, Keras' causal one included: which rows see a key.
     seen = mask if not native else masks.merge_masks(mask, masks.causal_mask(query_length))
+    rows = None if mask is None and native else seen  # Keras' causal mask alone: i sees i
     value, key, flag = finite.zero_nonfinite(value, key)
     if mask is not None:  # the keys no query sees hold nothing a logit or a gradient could meet
         some_query = swap_last(ops.any(mask, axis=-2, keepdims=True))  # (..., Tv, 1)
@@ -254,6 +255,6 @@ def backend_attention(
     )  # (B, Tq, N, dv)
     out = ops.cast(_from_keras(out, query), value.dtype)[..., : value.shape[-1]]
     out = _nan_where_seen(out, seen, flag)
-    if seen is not None:
-        out = ops.where(masks.visible_rows(seen), out, ops.zeros_like(out))
+    if rows is not None:
+        out = ops.where(masks.visible_rows(rows), out, ops.zeros_like(out))
     return out, None
