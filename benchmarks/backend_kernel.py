@@ -6,7 +6,10 @@ backward, of `keras_attn.ops.attention` with `implementation="backend"` and
 `"fused"`, causal, with a padding mask, timed in interleaved repeats (a
 shared machine changes speed from one second to the next).
 
-    KERAS_BACKEND=torch python -m benchmarks.backend_kernel --batch 4 --heads 8 --length 256
+    OMP_NUM_THREADS=1 KERAS_BACKEND=torch python -m benchmarks.backend_kernel --batch 4 --length 256
+
+(One thread: on a shared 2-core machine torch's two threads contend with the
+other processes, and a run's times then vary up to 10x.)
 
 Prints one JSON line per mode with the median milliseconds per call and the
 median per-repeat ratio backend / fused (below 1: the backend's is faster).
@@ -105,10 +108,12 @@ def main(argv=None):
                     "device": keras_attn.kernels.backend.device_kind(),
                     "mode": mode,
                     "shape": shape,
-                    "threads": os.cpu_count(),
+                    "cpus": os.cpu_count(),
                     "backend_ms": round(1e3 * statistics.median(times["backend"]), 2),
                     "fused_ms": round(1e3 * statistics.median(times["fused"]), 2),
                     "ratio_backend_over_fused": round(statistics.median(ratios), 3),
+                    "ratio_min_max": [round(min(ratios), 3), round(max(ratios), 3)],
+                    "loadavg": os.getloadavg()[0],
                 }
             )
         )

@@ -111,8 +111,9 @@ class MultiHeadAttention(MultiHeadProjections):
         mask. A NaN or inf at a masked key or value never reaches the output.
 
     Raises:
-        ValueError: bad constructor values (naming the argument), `dropout`
-            or `return_attention_scores=True` with `flash_attention=True`,
+        ValueError: bad constructor values (naming the argument), `dropout`,
+            `return_attention_scores=True` or an `implementation` other than
+            `"auto"` / `"backend"` with `flash_attention=True`,
             other widths than built for, `key` and `value` shapes differing
             before the last axis, masks that do not broadcast.
         TypeError: non-float inputs, float masks.

@@ -314,3 +314,22 @@ def test_layer_flash_attention_errors():
     assert keras_attn.MultiHeadAttention.from_config(layer.get_config()).implementation == (
         "backend"
     )
+
+
+def test_cached_decoding_on_the_backend_kernel_equals_the_full_pass():
+    """Each step's causal mask starts at the cache index (`query_start`), not Keras' top-left."""
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    mask = np.arange(6)[None] < np.array([[6], [4]])
+    mha = keras_attn.MultiHeadAttention(2, 4, num_key_value_heads=1, implementation="backend")
+    mha(x, x)
+    dense = keras_attn.MultiHeadAttention(2, 4, num_key_value_heads=1, implementation="dense")
+    dense(x, x)
+    dense.set_weights(mha.get_weights())
+    full = dense(x, x, value_mask=mask, use_causal_mask=True)
+    cache, steps = mha.empty_cache(batch_size=2, length=6), []
+    for i in range(6):
+        y, cache = mha(x[:, i : i + 1], x[:, i : i + 1], value_mask=mask[:, i : i + 1],
+                       use_causal_mask=True, cache=cache, cache_update_index=i)  # fmt: skip
+        steps.append(np_(y))
+    stepped = np.concatenate(steps, axis=1)
+    np.testing.assert_allclose(stepped[mask], np_(full)[mask], atol=1e-5)  # the real steps
