@@ -62,8 +62,8 @@ def preferred():
     """Whether `implementation="auto"` takes the backend kernel on this backend and device.
 
     JAX on a GPU (cuDNN), torch on CUDA (SDPA) and, if `TORCH_CPU`, torch on
-    the CPU; never TensorFlow (no fused kernel), nor JAX on the CPU (XLA's
-    composition, no faster than ours). Reads `device_kind()`.
+    the CPU; never TensorFlow (no fused kernel), nor JAX on the CPU (Keras'
+    op is then XLA's composition). Reads `device_kind()`, which is read once.
     """
     backend = _backend_name()
     if backend == "jax":
