@@ -59,9 +59,15 @@ class MultiHeadAttention(MultiHeadProjections):
         sliding_window: `None`, or an int `w > 0`: position `p` sees key `j`
             only if `|p - j| < w` (with `use_causal_mask=True`, Mistral's
             causal window); applied per key block when chunked.
-        flash_attention: `None` (`keras.config.is_flash_attention_enabled()`),
-            `True` (`implementation="fused"` when `"auto"`; no dropout, no
-            returned scores, as Keras) or `False`.
+        flash_attention: which path runs, as in Keras. `True`: the
+            backend's kernel, `keras.ops.dot_product_attention` (cuDNN on JAX
+            with a GPU, SDPA on torch, Keras' composition on TensorFlow),
+            with our masks around it; no dropout, no returned scores
+            (`ValueError`, as Keras), `implementation` `"auto"` or
+            `"backend"`. `False`: never that kernel. `None`:
+            `keras.config.is_flash_attention_enabled()` if set, else
+            `"auto"` decides (`keras_attn.ops.choose_implementation`: the
+            backend's kernel on JAX with a GPU and torch with CUDA).
         kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, activity_regularizer, kernel_constraint,
         bias_constraint: of every projection (activity: on their outputs).
@@ -71,11 +77,11 @@ class MultiHeadAttention(MultiHeadProjections):
             `None` means `num_heads`.
         rotary_embedding: `None`, or a `keras_attn.RotaryEmbedding` applied
             to the query and key heads (from `cache_update_index` if cached).
-        implementation: `"auto"`, `"dense"`, `"fused"` or `"chunked"`, the
-            kernel of `keras_attn.ops.attention` (`"chunked"` never forms the
-            `(B, h, Tq, Tv)` weights; `"auto"` takes it from
-            `keras_attn.ops.CHUNKED_MIN_SCORES` scores without weights or
-            active dropout).
+        implementation: `"auto"`, `"dense"`, `"fused"`, `"chunked"` or
+            `"backend"`, the kernel of `keras_attn.ops.attention`
+            (`"chunked"` never forms the `(B, h, Tq, Tv)` weights; `"auto"`
+            takes it from `keras_attn.ops.CHUNKED_MIN_SCORES` scores without
+            weights or active dropout; `"backend"` is `flash_attention=True`).
         position_bias: `None`, or a `keras_attn.PositionBias` layer (e.g.
             `keras_attn.AlibiBias`) added to the scores on every path.
 
@@ -105,8 +111,9 @@ class MultiHeadAttention(MultiHeadProjections):
         mask. A NaN or inf at a masked key or value never reaches the output.
 
     Raises:
-        ValueError: bad constructor values (naming the argument), `dropout`
-            or `return_attention_scores=True` with `flash_attention=True`,
+        ValueError: bad constructor values (naming the argument), `dropout`,
+            `return_attention_scores=True` or an `implementation` other than
+            `"auto"` / `"backend"` with `flash_attention=True`,
             other widths than built for, `key` and `value` shapes differing
             before the last axis, masks that do not broadcast.
         TypeError: non-float inputs, float masks.
@@ -301,9 +308,6 @@ class MultiHeadAttention(MultiHeadProjections):
                 cache, in_range = write(cache, cache_update_index, k, v, value_mask)
                 k, v, key_mask, start = cache.key, cache.value, cache.valid, cache_update_index
         q = self._heads(self._rotate(self._query_dense(query), 0 if start is None else start))
-        implementation = self.implementation
-        if self._flash_attention and implementation == "auto":
-            implementation = "fused"
         bias = tuple(b for b in (self.position_bias, attention_bias) if b is not None)
         heads, weights = attn_ops.attention(
             q,
@@ -315,7 +319,8 @@ class MultiHeadAttention(MultiHeadProjections):
             dropout_rate=self.dropout,
             training=training,
             seed=self.seed_generator,
-            implementation=implementation,
+            implementation=self.implementation,
+            flash_attention=self._flash,
             return_weights=return_scores,
             window=self.sliding_window,
             bias=bias or None,

@@ -79,8 +79,11 @@ class MultiHeadProjections(QueryMaskOutput, keras.layers.Layer):
         self.attention_axes = check_attention_axes(attention_axes)
         self.sliding_window = masks.check_window(sliding_window, "sliding_window")
         self.flash_attention = flash_attention
+        # None (auto), True (the backend's kernel) or False (never it); Keras' global switch
+        # stands in for None, read here as Keras' layer does.
         enabled = keras.config.is_flash_attention_enabled()
-        self._flash_attention = bool(enabled if flash_attention is None else flash_attention)
+        self._flash = enabled if flash_attention is None else bool(flash_attention)
+        self._flash_attention = bool(self._flash)
         if self._flash_attention and self.dropout > 0:
             raise ValueError(
                 "Dropout is not supported when flash attention is enabled. Please set "
@@ -132,8 +135,11 @@ class MultiHeadProjections(QueryMaskOutput, keras.layers.Layer):
                 "`position_bias` must have one bias per query head. Received: "
                 f"position_bias.num_heads={bias_heads}, num_heads={self.num_heads}"
             )
-        # Checks the name, and that "fused" and "chunked" come without dropout.
-        attn_ops.choose_implementation(implementation, (None, None), self.dropout, True, False)
+        # Checks the name, that "fused", "chunked" and "backend" come without dropout, and that
+        # `flash_attention` agrees with `implementation`.
+        attn_ops.choose_implementation(
+            implementation, (None, None), self.dropout, True, False, flash_attention=self._flash
+        )
         self.implementation = implementation
         # A seed generator only where there is dropout to draw (as Keras' Dropout).
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout else None

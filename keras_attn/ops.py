@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops, random
 
 from keras_attn.kernels import KERNELS, finite, masked_softmax
+from keras_attn.kernels import backend as kernel_backend
 from keras_attn.kernels import bias as kernel_bias
 from keras_attn.kernels._shapes import check_qkv, swap_last
 from keras_attn.masks import (
@@ -201,56 +202,74 @@ def weighted_sum(weights, value):
     return finite.nan_where_seen(ops.matmul(weights, value), weights, flag)
 
 
-IMPLEMENTATIONS = ("auto", "dense", "fused", "chunked")
+IMPLEMENTATIONS = ("auto", "dense", "fused", "chunked", "backend")
 # "auto" switches to the chunked kernel once the (..., Tq, Tv) scores would hold
 # 2^28 values (1 GiB in float32; a dense training step keeps about three such
 # tensors alive): e.g. 8 heads at B=1 from L=8192, at B=8 from L=2896.
 # Below it the fused kernel is faster (measured 1.4-1.7x at L=4096-8192, B=1).
 CHUNKED_MIN_SCORES = 2**28
+_NO_WEIGHTS = ("fused", "chunked", "backend")
 
 
 def _dropout_active(rate, training):
     return bool(rate) and not (training is None or training is False)
 
 
-def choose_implementation(implementation, scores_shape, dropout_rate, training, return_weights):
-    """The one choice of a kernel: `"dense"`, `"fused"` or `"chunked"`.
+def choose_implementation(
+    implementation,
+    scores_shape,
+    dropout_rate,
+    training,
+    return_weights,
+    flash_attention=None,
+    position_bias=False,
+):
+    """The one choice of a kernel: `"dense"`, `"fused"`, `"chunked"` or `"backend"`.
 
     Args:
-        implementation: `"auto"`, `"dense"`, `"fused"` or `"chunked"`.
+        implementation: one of `IMPLEMENTATIONS`.
         scores_shape: the static shape of the scores, `(..., Tq, Tv)`. With
             `Tq` or `Tv` unknown `"auto"` never picks chunked; unknown leading
             axes (the batch at trace time) count as 1.
         dropout_rate, training: dropout is active when both are truthy.
         return_weights: whether the caller needs the weights.
+        flash_attention: Keras' switch: `None`, `"auto"` decides; `True`,
+            `"backend"` (from `"auto"` or `"backend"`); `False`, never it.
+        position_bias: whether the call has a position bias (a function of
+            positions, which the backend kernel evaluates whole).
 
     Returns:
         The kernel's name. `"auto"` gives `"dense"` when the weights are
-        needed or dropout is active (only the dense kernel has them), else
-        `"chunked"` when the scores would hold at least
-        `CHUNKED_MIN_SCORES` values, else `"fused"`.
+        needed or dropout is active (only the dense kernel has them); else
+        `"backend"` where the backend has a fused kernel for the default
+        device (`keras_attn.kernels.backend.preferred`: JAX on a GPU, torch
+        on CUDA; never TensorFlow) unless a position bias meets
+        `CHUNKED_MIN_SCORES` scores; else `"chunked"` from
+        `CHUNKED_MIN_SCORES` scores, else `"fused"`.
 
     Raises:
-        ValueError: an unknown name; `"fused"` or `"chunked"` with active
-            dropout or with the weights requested.
+        ValueError: an unknown name; `"fused"`, `"chunked"` or `"backend"`
+            with active dropout or the weights requested; a `flash_attention`
+            the implementation contradicts (`True` with `"dense"`).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"`implementation` must be one of {IMPLEMENTATIONS}. "
             f"Received: implementation={implementation!r}"
         )
+    implementation = kernel_backend.with_flash_attention(implementation, flash_attention)
     dropout = _dropout_active(dropout_rate, training)
-    if implementation in ("fused", "chunked") and return_weights:
+    if implementation in _NO_WEIGHTS and return_weights:
         raise ValueError(
             f"implementation={implementation!r} never forms the attention weights: call with "
             "return_attention_scores=False (return_weights=False), or use implementation "
-            "'auto' or 'dense'."
+            "'auto' or 'dense' (flash_attention not True)."
         )
-    if implementation in ("fused", "chunked") and dropout:
+    if implementation in _NO_WEIGHTS and dropout:
         raise ValueError(
             f"implementation={implementation!r} has no dropout: use a dropout rate of 0, "
-            "training=False, or implementation 'auto' or 'dense'. Received: dropout rate "
-            f"{dropout_rate} with training={training}"
+            "training=False, or implementation 'auto' or 'dense' (flash_attention not True). "
+            f"Received: dropout rate {dropout_rate} with training={training}"
         )
     if implementation != "auto":
         return implementation
@@ -258,10 +277,11 @@ def choose_implementation(implementation, scores_shape, dropout_rate, training, 
         return "dense"
     # Known dims are ints; None (or a JAX symbolic dim, in `model.export`) is unknown.
     known = [d if isinstance(d, int) else None for d in scores_shape]
-    if known[-1] is None or known[-2] is None:
-        return "fused"
-    size = math.prod(d for d in known if d is not None)
-    return "chunked" if size >= CHUNKED_MIN_SCORES else "fused"
+    sizes = [d for d in known if d is not None]
+    large = None not in known[-2:] and math.prod(sizes) >= CHUNKED_MIN_SCORES
+    if flash_attention is None and kernel_backend.preferred() and not (position_bias and large):
+        return "backend"
+    return "chunked" if large else "fused"
 
 
 def attention(
@@ -279,6 +299,7 @@ def attention(
     query_start=None,
     window=None,
     bias=None,
+    flash_attention=None,
 ):
     """Scaled dot-product attention `softmax(q k^T * scale + bias) v`, masks included.
 
@@ -302,6 +323,8 @@ def attention(
             `"fused"` (the same values with a written-out gradient, no weights,
             no dropout), `"chunked"` (key blocks with an online softmax,
             memory `O(Tq)` per block instead of `O(Tq Tv)`; no weights, no
+            dropout), `"backend"` (`keras.ops.dot_product_attention` with our
+            masks around it, `keras_attn.kernels.backend`; no weights, no
             dropout) or `"auto"` (see `choose_implementation`).
         return_weights: `False` returns `None` for the weights (and lets
             `"auto"` take the fused or chunked kernel).
@@ -321,6 +344,8 @@ def attention(
             Added to the scaled scores in float32 before the masked softmax
             (`keras_attn.kernels.bias`). A bias is not a mask: masked
             positions get zero weight whatever their bias.
+        flash_attention: `None` lets `"auto"` decide, `True` forces the
+            backend's kernel, `False` keeps `"auto"` off it.
 
     Returns:
         `(output, weights)`: output `(..., Tq, dv)`, weights `(..., Tq, Tv)`
@@ -360,8 +385,9 @@ def attention(
     window = check_window(window)
     bias = kernel_bias.as_bias(bias, scores_shape)
     name = choose_implementation(
-        implementation, scores_shape, dropout_rate, training, return_weights
-    )
+        implementation, scores_shape, dropout_rate, training, return_weights,
+        flash_attention=flash_attention, position_bias=bias is not None and bool(bias.functions),
+    )  # fmt: skip
     dropout = None
     if _dropout_active(dropout_rate, training):
         dropout = lambda w: random.dropout(w, dropout_rate, seed=seed)  # noqa: E731

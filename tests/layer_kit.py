@@ -245,3 +245,7 @@ def _score_attention(dtype, dropout):
 
 def _chunked(dtype, dropout):
     return ka.MultiHeadAttention(2, 4, implementation="chunked", dtype=dtype)
+
+
+def _backend(dtype, dropout):
+    return ka.MultiHeadAttention(2, 4, implementation="backend", dtype=dtype)

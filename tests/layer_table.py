@@ -24,6 +24,7 @@ import keras
 import numpy as np
 from layer_kit import (  # the property kit's setups
     WIDTH,
+    _backend,
     _chunked,
     _layer,
     _score_attention,
@@ -196,7 +197,9 @@ def with_alibi(cls, *args, **fixed):
 
 # A smooth activation: a bfloat16 rounding would flip a ReLU unit near 0, and its gradient.
 SMOOTH = "gelu"
-IMPLEMENTATIONS = tuple({"implementation": name} for name in ("dense", "fused", "chunked"))
+IMPLEMENTATIONS = tuple(
+    {"implementation": name} for name in ("dense", "fused", "chunked", "backend")
+)
 
 ATTENTION = {
     "DotAttention": (maker(ka.DotAttention), _layer(ka.DotAttention)),
@@ -250,6 +253,7 @@ TABLE = {
                 weights_axis=2,
             ),
             "MultiHeadAttention(chunked)": attention_setup(_chunked, dropout=False, scores=False),
+            "MultiHeadAttention(backend)": attention_setup(_backend, dropout=False, scores=False),
         },
         variants=IMPLEMENTATIONS,
         reference={"implementation": "dense"},

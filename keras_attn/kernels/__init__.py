@@ -8,6 +8,7 @@
 | `dense_attention` | returned | yes | `O(Tq Tv)` | the reference: masked softmax, weighted sum |
 | `fused_attention` | - | - | `O(Tq Tv)`, fewer passes | a written-out gradient |
 | `chunked_attention` | - | - | `O(Tq)` per key block | an online softmax over key blocks |
+| `backend_attention` | - | - | the backend's | `keras.ops.dot_product_attention` (cuDNN, SDPA) |
 
 Every kernel replaces masked scores before any max or exp
 (`keras_attn.masks.fill_masked`), builds its causal mask with
@@ -21,14 +22,21 @@ place that chooses a kernel; layers call it, not the kernels.
 """
 
 from keras_attn.kernels import bias, finite
+from keras_attn.kernels.backend import backend_attention
 from keras_attn.kernels.chunked import chunked_attention
 from keras_attn.kernels.dense import dense_attention, masked_softmax, softmax
 from keras_attn.kernels.fused import fused_attention
 
-KERNELS = {"dense": dense_attention, "fused": fused_attention, "chunked": chunked_attention}
+KERNELS = {
+    "dense": dense_attention,
+    "fused": fused_attention,
+    "chunked": chunked_attention,
+    "backend": backend_attention,
+}
 
 __all__ = [
     "KERNELS",
+    "backend_attention",
     "bias",
     "chunked_attention",
     "dense_attention",

@@ -1,0 +1,260 @@
+"""The backend's fused kernel: `keras.ops.dot_product_attention`, with our semantics around it.
+
+`backend_attention` hands the attention itself to the backend: on JAX with
+a GPU, cuDNN's (flash) attention through `jax.nn.dot_product_attention`; on
+torch, `torch.nn.functional.scaled_dot_product_attention` (SDPA: flash or
+memory-efficient kernels on CUDA, a fused C++ kernel on the CPU); on
+TensorFlow, Keras' own composition (no fused kernel: `"auto"` never picks
+it there). Around the call it keeps what every kernel guarantees:
+
+- the causal mask is ours, aligned to the end (`query_start`, default
+  `Tv - Tq`): Keras' `is_causal` (top-left) is used only when it is the same
+  mask (`Tq == Tv`, no `query_start`, no window), else the position masks go
+  in as an explicit boolean mask; a sliding `window` likewise;
+- masked keys get exactly zero weight; rows with no visible key (and padded
+  rows) give a zero output, with zero (finite) gradients, whatever the
+  backend computes for them;
+- the keys and values that no query sees (padding) are zeroed, so nothing
+  they hold (huge, inf, NaN) reaches a logit, the output or a gradient; a
+  non-finite key or value elsewhere is zeroed too (`finite.zero_nonfinite`)
+  and the rows whose mask lets them see it are set to NaN (without the
+  weights, "sees" is the mask: a weight that underflows to 0 still counts);
+- a bias (tensors and position biases, `keras_attn.kernels.bias`) is
+  evaluated whole and passed as Keras' `bias=`, with the mask folded into it
+  (torch's SDPA takes one or the other); its gradient is the backend's.
+
+Keras' layout is `(B, T, N, H)`, ours `(..., T, d)`: the kernel transposes
+`(B, N, T, H)` in and out (rank 3 gains a heads axis of 1, more leading axes
+are merged). Where the projections give `(B, T, N, H)` and the kernel takes
+`(B, N, T, H)` as `MultiHeadAttention` does, the two transposes cancel: XLA
+folds them, torch's are views.
+"""
+
+import functools
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn import masks
+from keras_attn.kernels import bias as bias_lib
+from keras_attn.kernels import finite
+from keras_attn.kernels._shapes import default_scale, dims, swap_last
+
+# Whether `"auto"` takes the backend kernel on torch with the CPU as its
+# device. Measured with benchmarks/backend_kernel.py (numbers in benchmarks/README.md).
+TORCH_CPU = True
+
+
+@functools.cache
+def device_kind():
+    """The kind of Keras' default device: `"cpu"`, `"gpu"`, `"cuda"`, `"tpu"`, `"mps"`."""
+    if keras.backend.backend() == "torch":
+        return ops.convert_to_tensor(0.0).device.type  # where Keras puts new tensors
+    return keras.distribution.list_devices()[0].split(":")[0].lower()
+
+
+def _backend_name():
+    return keras.backend.backend()
+
+
+def preferred():
+    """Whether `implementation="auto"` takes the backend kernel on this backend and device.
+
+    JAX on a GPU (cuDNN), torch on CUDA (SDPA) and, if `TORCH_CPU`, torch on
+    the CPU; never TensorFlow (no fused kernel), nor JAX on the CPU (Keras'
+    op is then XLA's composition). Reads `device_kind()`, which is read once.
+    """
+    backend = _backend_name()
+    if backend == "jax":
+        return device_kind() == "gpu"
+    if backend == "torch":
+        kind = device_kind()
+        return kind == "cuda" or (kind == "cpu" and TORCH_CPU)
+    return False
+
+
+def with_flash_attention(implementation, flash_attention):
+    """`implementation` under Keras' `flash_attention` switch (`True`: `"backend"`).
+
+    Raises:
+        ValueError: `flash_attention=True` with `"dense"`, `"fused"` or
+            `"chunked"`; `flash_attention=False` with `"backend"`.
+    """
+    if flash_attention and implementation not in ("auto", "backend"):
+        raise ValueError(
+            "flash_attention=True runs the backend's kernel: use implementation 'auto' or "
+            f"'backend'. Received: implementation={implementation!r}"
+        )
+    if flash_attention is False and implementation == "backend":
+        raise ValueError(
+            "implementation='backend' is the backend's (flash) kernel: it cannot run with "
+            "flash_attention=False. Received: flash_attention=False, implementation='backend'"
+        )
+    return "backend" if flash_attention else implementation
+
+
+def _static(x):
+    return x if isinstance(x, int) else None
+
+
+def _native_causal(is_causal, query_length, value_length, query_start, window):
+    """Whether Keras' top-left `is_causal` is our end-aligned causal mask (and all of it)."""
+    tq, tv = _static(query_length), _static(value_length)
+    start_zero = query_start is None or (isinstance(query_start, int) and query_start == 0)
+    return is_causal and window is None and tq is not None and tq == tv and start_zero
+
+
+def _to_keras(x, rank):
+    """`(..., T, d)` of `rank` -> Keras' `(B, T, N, H)`."""
+    if rank == 2:  # (T, d)
+        return x[None, :, None, :]
+    if rank == 3:  # (B, T, d): one head
+        return ops.expand_dims(x, 2)
+    if rank > 4:  # (b_1, ..., b_n, N, T, d): the batch axes merged
+        shape = dims(x)
+        x = ops.reshape(x, (-1, *shape[-3:]))
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def _from_keras(y, like):
+    """Keras' `(B, T, N, H)` -> ours, `like`'s leading axes."""
+    rank = len(like.shape)
+    if rank == 2:
+        return y[0, :, 0, :]
+    if rank == 3:
+        return y[:, :, 0, :]
+    y = ops.transpose(y, (0, 2, 1, 3))  # (B, N, T, H)
+    if rank > 4:
+        y = ops.reshape(y, (*dims(like)[:-2], *dims(y)[-2:]))
+    return y
+
+
+def _grid_to_keras(m, rank, like):
+    """A mask or bias broadcastable to the scores (inputs of `rank`) -> `(B|1, N|1, Tq, Tv)`."""
+    while len(m.shape) < rank:
+        m = ops.expand_dims(m, 0)
+    if rank == 2:
+        return m[None, None]
+    if rank == 3:
+        return ops.expand_dims(m, 1)
+    if rank > 4:  # broadcast over the batch axes, then merged as the inputs are
+        lead = dims(like)[:-2]
+        m = ops.broadcast_to(m, (*lead, *dims(m)[-2:]))
+        m = ops.reshape(m, (-1, *dims(m)[-3:]))
+    return m
+
+
+def _nan_where_seen(out, mask, flag):
+    """NaN on the rows of `out` whose `mask` (or every row, `None`) lets them see a flagged key."""
+
+    def mark():
+        flagged = swap_last(flag) > 0  # (..., 1, Tv)
+        seen = flagged if mask is None else ops.logical_and(mask, flagged)
+        rows = ops.any(seen, axis=-1, keepdims=True)  # (..., Tq|1, 1)
+        return ops.where(rows, ops.cast(float("nan"), out.dtype), out)
+
+    return ops.cond(ops.any(flag > 0), mark, lambda: out)
+
+
+def _same_widths(query, key, value):
+    """On JAX (whose op needs `dk == dv`): the narrower side padded with zero channels.
+
+    Zero channels of the query and key add nothing to a logit; zero channels
+    of the value give zero output channels, sliced off after the call.
+    """
+    dk, dv = query.shape[-1], value.shape[-1]
+    if keras.backend.backend() != "jax" or dk == dv:
+        return query, key, value
+
+    def pad(x, width):
+        return ops.pad(x, [(0, 0)] * (len(x.shape) - 1) + [(0, width - x.shape[-1])])
+
+    if dk < dv:
+        return pad(query, dv), pad(key, dv), value
+    return query, key, pad(value, dk)
+
+
+def _large_negative(dtype):
+    """A fill for masked logits that stays finite when added to once more (Keras' choice)."""
+    return -0.7 * float(np.finfo(keras.backend.standardize_dtype(dtype)).max)
+
+
+def backend_attention(
+    query,
+    key,
+    value,
+    mask=None,
+    is_causal=False,
+    query_start=None,
+    scale=None,
+    dropout=None,
+    window=None,
+    bias=None,
+):
+    """`dense_attention(...)[0]` computed by `keras.ops.dot_product_attention`.
+
+    Args:
+        query, key, value, mask, is_causal, query_start, scale, window, bias:
+            as `keras_attn.kernels.dense_attention` (the kernel signature).
+        dropout: must be `None` (Keras' op has no dropout).
+
+    Returns:
+        `(output, None)`: `(..., Tq, dv)` in the dtype of `value`; rows with
+        no visible key are zero, with zero (finite) gradients. A NaN or inf
+        key or value at a masked position changes nothing; at a visible one,
+        the rows that see it are NaN.
+
+    Example:
+
+    >>> from keras_attn import kernels
+    >>> q = keras.random.normal((2, 3, 5, 8))
+    >>> out, _ = kernels.backend_attention(q, q, q, is_causal=True)
+    >>> ref, _ = kernels.dense_attention(q, q, q, is_causal=True)
+    >>> print(out.shape, bool(keras.ops.max(keras.ops.abs(out - ref)) < 1e-5))
+    (2, 3, 5, 8) True
+    """
+    if dropout is not None:
+        raise ValueError("The backend kernel has no dropout: use `dense_attention`.")
+    query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
+    if _static(value_length) == 0:  # no key: zeros, as every kernel gives them
+        return ops.matmul(ops.zeros_like(query[..., :0]), value), None
+    native = _native_causal(is_causal, query_length, value_length, query_start, window)
+    positions = masks.position_mask(
+        query_length, value_length, is_causal and not native, window, query_start
+    )
+    mask = masks.merge_masks(mask, positions)  # what goes to Keras as `mask`
+    # Every position mask, Keras' causal one included: which rows see a key.
+    seen = mask if not native else masks.merge_masks(mask, masks.causal_mask(query_length))
+    rows = None if mask is None and native else seen  # Keras' causal mask alone: i sees i
+    value, key, flag = finite.zero_nonfinite(value, key)
+    if mask is not None:  # the keys no query sees hold nothing a logit or a gradient could meet
+        some_query = swap_last(ops.any(mask, axis=-2, keepdims=True))  # (..., Tv, 1)
+        key, value = (ops.where(some_query, x, ops.zeros_like(x)) for x in (key, value))
+    rank = len(query.shape)
+    full_bias = None
+    if bias is not None:
+        full_bias = bias.full(
+            bias_lib.query_positions(query_length, value_length, query_start),
+            bias_lib.key_positions(value_length),
+            bias_lib.num_heads_of(query),
+        )
+        if mask is not None:  # one of mask and bias (SDPA's rule): the mask folded in
+            full_bias = ops.where(mask, full_bias, _large_negative(query.dtype))
+            mask = None
+        full_bias = _grid_to_keras(full_bias, rank, query)
+    q, k, v = _same_widths(query, key, value)
+    out = ops.dot_product_attention(
+        _to_keras(q, rank),
+        _to_keras(k, rank),
+        _to_keras(v, rank),
+        bias=full_bias,
+        mask=None if mask is None else _grid_to_keras(mask, rank, query),
+        scale=default_scale(query, scale),
+        is_causal=native,
+    )  # (B, Tq, N, dv)
+    out = ops.cast(_from_keras(out, query), value.dtype)[..., : value.shape[-1]]
+    out = _nan_where_seen(out, seen, flag)
+    if rows is not None:
+        out = ops.where(masks.visible_rows(rows), out, ops.zeros_like(out))
+    return out, None
