@@ -24,8 +24,8 @@ def export_seq2seq(model, path, max_length, start_id, end_id=None):
     - `serve`: the teacher-forced model, `encoder_inputs` `(B, S)` and
       `decoder_inputs` `(B, T)` (by name) -> logits `(B, T, V)`.
 
-    From Python the three functions also take the model's input dict (`serve`)
-    and, exported from TensorFlow, int32:
+    From Python, `serve` takes the model's input dict, and an export from
+    TensorFlow takes int32 too (one from JAX: int64 only):
 
         loaded = tf.saved_model.load(path)
         tokens = loaded.greedy_decode(tf.constant(source_tokens, tf.int64))
