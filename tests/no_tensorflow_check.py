@@ -81,6 +81,9 @@ def main():
         )
         previous = np.concatenate([previous, logits[:, t, 1:].argmax(-1)[:, None] + 1], 1)
     np.testing.assert_array_equal(tokens, previous[:, 1:])
+    ended = keras.ops.convert_to_numpy(zoo.greedy_decode(model, source, 4, start, end_id=2))
+    beam, _ = zoo.beam_search(model, source, 4, start, end_id=2, beam_width=1)  # = greedy
+    np.testing.assert_array_equal(beam, ended)
 
     path = os.path.join(tempfile.mkdtemp(), "seq2seq.keras")
     model.save(path)

@@ -35,9 +35,9 @@ def export_seq2seq(model, path, max_length, start_id, end_id=None):
     On JAX the same Python loop (`keras.ops.fori_loop`, a `lax` loop) is
     converted with `jax2tf` (Keras' `ExportArchive`): the signatures are the
     same, with any batch size and source length, but take int64 only, and the
-    graph is one `XlaCallModule` op (StableHLO), which TensorFlow runs on CPU
-    or GPU but TFLite and ONNX converters do not read. Torch cannot write a
-    SavedModel (`ValueError`).
+    graph is one `XlaCallModule` op (StableHLO, lowered for the platform the
+    export ran on), which TFLite and ONNX converters do not read. Torch cannot
+    write a SavedModel (`ValueError`).
 
     For a `transformer_seq2seq` exported from TensorFlow, `greedy_decode`
     converts to TFLite with builtin ops only
