@@ -3,14 +3,13 @@
     python tests/no_tensorflow_check.py [--block]
 
 Run from the repository root on a non-TensorFlow backend (KERAS_BACKEND, default jax).
-`--block` makes `tensorflow` and `tensorflow_datasets` unimportable first (a
-meta-path finder), for a machine that has them (`tests/test_no_tensorflow.py`);
+`--block` makes `tensorflow` and `tensorflow_datasets` unfindable first (every
+meta-path finder wrapped), for a machine that has them (`tests/test_no_tensorflow.py`);
 `.ci/no-tensorflow` runs it without `--block` in a venv where they are not installed.
 Prints `ok` and exits 0, or fails with the assertion.
 """
 
 import importlib
-import importlib.abc
 import os
 import sys
 import tempfile
@@ -18,18 +17,27 @@ import tempfile
 BLOCKED = ("tensorflow", "tensorflow_datasets")
 
 
-class BlockTensorFlow(importlib.abc.MetaPathFinder):
-    """Raises `ModuleNotFoundError` for `tensorflow`, `tensorflow_datasets` and their submodules."""
+class HideTensorFlow:
+    """Wraps a meta-path finder: `tensorflow`, `tensorflow_datasets` and their submodules
+    are not found, as where they are not installed (`importlib.util.find_spec` gives
+    `None`, `import` raises `ModuleNotFoundError`); everything else it finds as before."""
+
+    def __init__(self, finder):
+        self.finder = finder
 
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
-        return None
+            return None
+        find_spec = getattr(self.finder, "find_spec", None)
+        return None if find_spec is None else find_spec(name, path, target)
+
+    def __getattr__(self, name):  # invalidate_caches, find_distributions, ...
+        return getattr(self.finder, name)
 
 
 def main():
     if "--block" in sys.argv[1:]:
-        sys.meta_path.insert(0, BlockTensorFlow())
+        sys.meta_path[:] = [HideTensorFlow(finder) for finder in sys.meta_path]
     for name in BLOCKED:
         try:
             importlib.import_module(name)
