@@ -36,9 +36,9 @@ def np_(x):
 # ---------------------------------------------------------------------------
 
 
+# Every kernel of the table (a new one included), and the chunked one over several blocks.
 KERNEL_CALLS = {
-    "dense": kernels.dense_attention,
-    "fused": kernels.fused_attention,
+    **kernels.KERNELS,
     "chunked (3 key blocks)": lambda *args, **kw: chunked_attention(*args, **kw, block_size=4),
 }
 
