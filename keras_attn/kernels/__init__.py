@@ -18,7 +18,9 @@ kernel needs them, per key block for the chunked kernel) to the scaled scores
 in float32, gives rows with no visible key a zero output
 with zero gradients, and guards its weighted sum against non-finite keys and
 values at masked positions (`finite`). `keras_attn.ops.attention` is the one
-place that chooses a kernel; layers call it, not the kernels.
+place that chooses a kernel; layers call it, not the kernels. A kernel's custom
+gradient goes through `keras_attn.kernels._gradient.custom_gradient`, every
+tensor it reads an argument (closed over, a tensor breaks `model.export` on JAX).
 """
 
 from keras_attn.kernels import bias, finite

@@ -35,6 +35,7 @@ from keras import ops
 from keras_attn import masks
 from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
+from keras_attn.kernels._gradient import custom_gradient
 from keras_attn.kernels._shapes import check_qkv, default_scale, dims, swap_last
 
 # Start of the running maximum: far below any real score, far above the fill of
@@ -169,32 +170,51 @@ def chunked_attention(
             + [p for params in bias.parameters for p in params]
         )
 
-    def visible(j):
-        """Boolean visibility of block `j`, broadcastable to `(..., Tq, Bk)`, or `None`."""
-        first = j * block
-        parts = []
-        if mask is not None:
-            parts.append(mask if mask.shape[-1] == 1 else _slice_axis(mask, -1, first, block))
-        parts.append(
-            masks.position_mask(query_length, block, is_causal, window, query_start, first)
-        )
-        if tail:
-            parts.append(masks.positions_below(value_length, block, start=first))
-        return masks.merge_masks(*parts)
-
-    blocks = _Blocks(visible, block, num_blocks, bias, query_length, query_start, query)
+    blocks = _Blocks(
+        (mask, query_start, query_length, value_length, num_blocks),
+        block=block,
+        is_causal=is_causal,
+        window=window,
+        tail=tail,
+        bias=bias,
+        num_heads=bias_lib.num_heads_of(query),
+    )
     q = query * ops.cast(scale, query.dtype)  # scaling Tq * dk values, not Tq * Tv
     return _attend(q, key, value, flag, blocks), None
 
 
 class _Blocks:
-    """What one key block sees: its mask (`visible`) and its bias (`bias(j, b)`)."""
+    """What one key block sees: its mask (`visible(j)`) and its bias (`bias_of(j, bias)`).
 
-    def __init__(self, visible, block, num_blocks, bias, query_length, query_start, query):
-        self.visible, self.block, self.num_blocks, self.bias = visible, block, num_blocks, bias
-        if bias is not None:
-            self.query_positions = bias_lib.query_positions(query_length, None, query_start)
-            self.num_heads = bias_lib.num_heads_of(query)
+    Its tensors (`constants`: the mask, the query start and, where they are
+    tensors, the lengths) enter the custom gradient as arguments, and
+    `with_constants` rebinds them there (`keras_attn.kernels._gradient`).
+    """
+
+    def __init__(self, constants, **static):
+        self.constants, self.static = tuple(constants), static
+        self.mask, self.query_start, self.query_length, self.value_length = constants[:4]
+        self.num_blocks = constants[4]
+        self.block, self.bias = static["block"], static["bias"]
+        if self.bias is not None:
+            self.query_positions = bias_lib.query_positions(self.query_length, None, constants[1])
+
+    def with_constants(self, constants):
+        return _Blocks(constants, **self.static)
+
+    def visible(self, j):
+        """Boolean visibility of block `j`, broadcastable to `(..., Tq, Bk)`, or `None`."""
+        first, block, static, mask = j * self.block, self.block, self.static, self.mask
+        if mask is not None and mask.shape[-1] != 1:
+            mask = _slice_axis(mask, -1, first, block)
+        causal, window = static["is_causal"], static["window"]
+        parts = [
+            mask,
+            masks.position_mask(self.query_length, block, causal, window, self.query_start, first),
+        ]
+        if static["tail"]:
+            parts.append(masks.positions_below(self.value_length, block, start=first))
+        return masks.merge_masks(*parts)
 
     def bias_of(self, j, bias):
         """The float32 bias of block `j` from `bias` (a `Bias` whose inputs are the traced ones)."""
@@ -203,7 +223,7 @@ class _Blocks:
         first = j * self.block
         keys = bias_lib.key_positions(self.block, first)
         return bias.block(
-            self.query_positions, keys, first, self.block, self.num_heads, _slice_axis
+            self.query_positions, keys, first, self.block, self.static["num_heads"], _slice_axis
         )
 
 
@@ -237,25 +257,25 @@ def _fori_loop(num_blocks, body, init):
 
 def _attend(q, k, v, flag, blocks):
     bias_inputs = [] if blocks.bias is None else blocks.bias.inputs()
+    count = 3 + len(bias_inputs)
 
-    @ops.custom_gradient
-    def attend(q, k, v, *bias_inputs):
+    def attend(*args):
+        flag, traced = args[count], blocks.with_constants(args[count + 1 :])
         # The forward pass on stopped inputs: an eager GradientTape would
         # otherwise record every block's ops and keep their (Tq, Bk) tiles
         # alive (O(Tq Tv) memory; measured at L=8192: 4.5 GiB instead of 1.2).
-        stopped = [ops.stop_gradient(x) for x in (q, k, v, *bias_inputs)]
+        stopped = [ops.stop_gradient(x) for x in args[:count]]
         bias = None if blocks.bias is None else blocks.bias.with_inputs(stopped[3:])
-        out, lse, seen = _forward(*stopped[:3], flag, blocks, bias)  # out: float32
+        out, lse, seen = _forward(*stopped[:3], flag, traced, bias)  # out: float32
 
-        def grad(*args, upstream=None):
-            upstream = args[0] if upstream is None else upstream
-            return _backward(*stopped[:3], out, lse, upstream, blocks, bias)
+        def grad(d_out):
+            return _backward(*stopped[:3], out, lse, d_out, traced, bias)
 
         # NaN on the rows that see a non-finite key or value (forward only).
         seen_out = ops.where(seen > 0, float("nan"), out)
-        return ops.cast(seen_out, v.dtype), grad
+        return ops.cast(seen_out, args[2].dtype), grad
 
-    return attend(q, k, v, *bias_inputs)
+    return custom_gradient(attend, (q, k, v, *bias_inputs), (flag, *blocks.constants))
 
 
 def _forward(q, k, v, flag, blocks, bias):

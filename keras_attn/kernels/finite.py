@@ -32,6 +32,8 @@ matmul on CPU about 2x slower, forward and backward: measured.)
 
 from keras import ops
 
+from keras_attn.kernels._gradient import custom_gradient
+
 
 def zero_nonfinite(value, key=None):
     """Zeroes the positions (axis -2) holding a NaN or inf, and flags them.
@@ -65,14 +67,10 @@ def _zero_rows(x, finite):
     NaN.
     """
 
-    @ops.custom_gradient
-    def zero(x):
-        def grad(*args, upstream=None):
-            return args[0] if upstream is None else upstream
+    def zero(x, finite):
+        return ops.where(finite, x, 0.0), lambda d_x: (d_x,)
 
-        return ops.where(finite, x, 0.0), grad
-
-    return zero(x)
+    return custom_gradient(zero, (x,), (finite,))
 
 
 def nan_where_seen(output, weights, flag):

@@ -24,6 +24,7 @@ from keras import ops
 from keras_attn import masks
 from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
+from keras_attn.kernels._gradient import custom_gradient
 from keras_attn.kernels._shapes import default_scale, swap_last
 from keras_attn.kernels.dense import softmax
 
@@ -93,8 +94,8 @@ def _attend(q, k, v, mask, flag, bias=None):
     inputs = (q, k, v) if bias is None else (q, k, v, bias)
     bias_shape = None if bias is None else tuple(bias.shape)
 
-    @ops.custom_gradient
-    def attend(q, k, v, *bias):
+    def attend(q, k, v, *rest):
+        *bias, mask, flag = rest
         # The forward pass on stopped inputs: an eager GradientTape would
         # otherwise record (and keep alive) every op in it, next to the
         # custom gradient that replaces them.
@@ -109,8 +110,7 @@ def _attend(q, k, v, mask, flag, bias=None):
         # backward pass runs on the zeroed ones).
         seen_out = finite.nan_where_seen(out, probs_low, flag)
 
-        def grad(*args, upstream=None):
-            d_out = args[0] if upstream is None else upstream
+        def grad(d_out):
             d_out = ops.cast(d_out, v.dtype)
             d_v = ops.matmul(swap_last(probs_low), d_out)
             d_probs = ops.cast(ops.matmul(d_out, swap_last(v_)), "float32")
@@ -131,4 +131,4 @@ def _attend(q, k, v, mask, flag, bias=None):
 
         return seen_out, grad
 
-    return attend(*inputs)
+    return custom_gradient(attend, inputs, (mask, flag))

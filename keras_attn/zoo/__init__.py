@@ -22,7 +22,7 @@ from keras_attn.zoo.rnn_seq2seq import rnn_seq2seq
 from keras_attn.zoo.transformer_classifier import transformer_classifier
 from keras_attn.zoo.transformer_seq2seq import transformer_seq2seq
 
-# Decoding loads on first use: its SavedModel export needs TensorFlow.
+# Decoding loads on first use (`export_seq2seq` imports TensorFlow only when it runs).
 _DECODING = ("beam_search", "export_seq2seq", "greedy_decode", "pointer_decode", "sample_decode")
 
 __all__ = [

@@ -10,15 +10,15 @@ For `transformer_seq2seq` a step runs the decoder blocks on their KV caches
 `rnn_seq2seq` it is one RNN cell step and one attention over the source.
 
 The pointer networks' decoding (`pointer_decode`, `polygon_decode`,
-`predict_batch`) lives in `keras_attn.zoo.pointer_decoding` and is importable from here too.
+`predict_batch`) lives in `keras_attn.zoo.pointer_decoding`, and `export_seq2seq` in
+`keras_attn.zoo.seq2seq_export`; both are importable from here too. Decoding itself needs
+no TensorFlow (only the export does).
 """
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
-from keras_attn.zoo.files import write_atomically
 from keras_attn.zoo.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
 from keras_attn.zoo.rnn_seq2seq import RNNDecodingSteps
 from keras_attn.zoo.sampling import check_sampling, greedy_tokens, sample_tokens
@@ -111,7 +111,8 @@ def decoding_steps(model):
     )
 
 
-def _check_lengths(max_length, start_id, end_id):
+def check_lengths(max_length, start_id, end_id):
+    """`ValueError` unless `max_length` is a positive int and the token ids positive (or None)."""
     if not isinstance(max_length, int) or max_length <= 0:
         raise ValueError(f"`max_length` must be a positive integer. Received: {max_length!r}")
     for name, value in (("start_id", start_id), ("end_id", end_id)):
@@ -137,7 +138,7 @@ def greedy_decode(model, encoder_inputs, max_length, start_id, end_id=None, step
 
     Returns:
         int32 `(B, max_length)` tokens (a tensor; runs eagerly or inside a
-        `tf.function`).
+        `tf.function` or `jax.jit`).
 
     Example:
 
@@ -146,7 +147,7 @@ def greedy_decode(model, encoder_inputs, max_length, start_id, end_id=None, step
     >>> print(greedy_decode(model, np.ones((2, 7), "int32"), max_length=4, start_id=1).shape)
     (2, 4)
     """
-    _check_lengths(max_length, start_id, end_id)
+    check_lengths(max_length, start_id, end_id)
     steps = steps or decoding_steps(model)
 
     def choose(logits, index):
@@ -206,7 +207,7 @@ def sample_decode(
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration",
         https://arxiv.org/abs/1904.09751 (top-p)
     """
-    _check_lengths(max_length, start_id, end_id)
+    check_lengths(max_length, start_id, end_id)
     check_sampling(temperature, top_k, top_p, seed)
     steps = steps or decoding_steps(model)
     batch = ops.shape(ops.convert_to_tensor(encoder_inputs))[0]
@@ -289,7 +290,7 @@ def beam_search(
         Wu et al., 2016, "Google's Neural Machine Translation System",
         https://arxiv.org/abs/1609.08144 (length penalty)
     """
-    _check_lengths(max_length, start_id, end_id)
+    check_lengths(max_length, start_id, end_id)
     if not isinstance(beam_width, int) or beam_width <= 0:
         raise ValueError(f"`beam_width` must be a positive integer. Received: {beam_width!r}")
     steps = decoding_steps(model)
@@ -305,7 +306,7 @@ def beam_search(
     for index in range(max_length):
         logits, state = steps.step(tokens, index, state)
         logits = _without_padding(ops.cast(logits, "float32"))
-        step_log_probs = np.asarray(ops.log_softmax(logits), "float64")
+        step_log_probs = ops.convert_to_numpy(ops.log_softmax(logits)).astype("float64")
         vocab = step_log_probs.shape[-1]
         step_log_probs = step_log_probs.reshape(batch, width, vocab)
         pad_only = np.full(vocab, -np.inf)
@@ -323,7 +324,7 @@ def beam_search(
         sequences[:, :, index] = token
         finished = finished | (token == end_id)
         flat = (rows * width + beam).reshape(-1)  # hypotheses' rows in the (B*K) state
-        state = tf.nest.map_structure(lambda s, rows=flat: ops.take(s, rows, axis=0), state)
+        state = keras.tree.map_structure(lambda s, rows=flat: ops.take(s, rows, axis=0), state)
         tokens = token.reshape(-1)
         if finished.all():
             break
@@ -333,68 +334,11 @@ def beam_search(
     return sequences[rows, choice], final[rows, choice]
 
 
-def export_seq2seq(model, path, max_length, start_id, end_id=None):
-    """Exports a seq2seq model as a SavedModel that decodes in its graph.
+def __getattr__(name):
+    # `export_seq2seq` lives in `keras_attn.zoo.seq2seq_export` (which imports this
+    # module, and TensorFlow when it runs); importable from here too.
+    if name == "export_seq2seq":
+        from keras_attn.zoo.seq2seq_export import export_seq2seq
 
-    Signatures (what TF Serving and converters see; int64 inputs, the dtype
-    `TextVectorization` emits):
-
-    - `serving_default`: `encoder_inputs` `(B, S)` -> `{"tokens": (B, max_length)}`
-      int32, greedy decoding, the whole cached loop inside the graph;
-    - `greedy_decode`: the same, its output unnamed (`output_0`);
-    - `serve`: the teacher-forced model, `encoder_inputs` `(B, S)` and
-      `decoder_inputs` `(B, T)` (by name) -> logits `(B, T, V)`.
-
-    From Python the three functions also take int32, and `serve` takes the
-    model's input dict:
-
-        loaded = tf.saved_model.load(path)
-        tokens = loaded.greedy_decode(tf.constant(source_tokens))  # int32 or int64
-        logits = loaded.serve({"encoder_inputs": source, "decoder_inputs": previous})
-
-    For a `transformer_seq2seq`, `greedy_decode` converts to TFLite with builtin
-    ops only (`tf.lite.TFLiteConverter.from_saved_model(path,
-    signature_keys=["greedy_decode"])`); an `rnn_seq2seq` needs `SELECT_TF_OPS`
-    (the Keras RNN layers' TensorList ops).
-
-    Args:
-        model: a seq2seq model with decoding steps (`register_decoding_steps`).
-        path: the SavedModel directory, written atomically (`write_atomically`).
-        max_length, start_id, end_id: as in `greedy_decode`.
-    """
-    _check_lengths(max_length, start_id, end_id)
-    steps = decoding_steps(model)
-    if not isinstance(model.input, dict):
-        raise ValueError(
-            "`model` must take a dict of named inputs (the zoo's `{'encoder_inputs', "
-            f"'decoder_inputs'}}`). Received: model.input={model.input!r}"
-        )
-    names = tuple(model.input)
-
-    @tf.function
-    def decode(encoder_inputs):
-        source = ops.cast(encoder_inputs, "int32")
-        return greedy_decode(model, source, max_length, start_id, end_id, steps=steps)
-
-    @tf.function
-    def serving_default(encoder_inputs):
-        return {"tokens": decode(encoder_inputs)}
-
-    @tf.function
-    def teacher_forced(inputs):
-        return model({name: ops.cast(x, "int32") for name, x in inputs.items()}, training=False)
-
-    # The first trace of each function (int64) is its signature; int32 is traced for Python.
-    for dtype in (tf.int64, tf.int32):
-        source = tf.TensorSpec((None, None), dtype, name="encoder_inputs")
-        decode.get_concrete_function(source)
-        serving_default.get_concrete_function(source)
-        teacher_forced.get_concrete_function(
-            {name: tf.TensorSpec((None, None), dtype, name=name) for name in names}
-        )
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    archive.add_endpoint("serving_default", serving_default)
-    archive.add_endpoint("greedy_decode", decode)
-    archive.add_endpoint("serve", teacher_forced)
-    write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+        return export_seq2seq
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

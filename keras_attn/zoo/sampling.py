@@ -4,12 +4,15 @@
 or a `tf.function` in a SavedModel). Both use `ops.top_k` rather than
 `ops.argmax`: on TensorFlow, Keras' `argmax` adds a sign-bit test
 (`tf.BitwiseAnd`) that TFLite's builtin ops lack, while `top_k` converts and
-breaks ties the same way (the lowest token id first).
+breaks ties the same way (the lowest token id first). On JAX greedy decoding uses
+`argmax`: JAX serializes `top_k` (jax2tf, in a SavedModel export) as a StableHLO
+composite that TensorFlow's `XlaCallModule` (2.21) cannot read.
 """
 
 import math
 import numbers
 
+import keras
 from keras import ops
 
 
@@ -21,6 +24,8 @@ def greedy_tokens(logits):
     >>> print(ops.convert_to_numpy(greedy_tokens(np.array([[0.1, 2.0, 2.0], [3.0, 0.0, 1.0]]))))
     [1 0]
     """
+    if keras.backend.backend() == "jax":
+        return ops.cast(ops.argmax(logits, axis=-1), "int32")
     _, ids = ops.top_k(logits, 1)  # (B, 1)
     return ops.cast(ids[:, 0], "int32")
 

@@ -1,0 +1,101 @@
+"""`export_seq2seq`: a SavedModel of a seq2seq model that decodes inside its graph.
+
+Also importable from `keras_attn.zoo` and `keras_attn.zoo.decoding`. It needs
+TensorFlow (a SavedModel is TensorFlow's format) and the tensorflow or jax
+backend; `greedy_decode` and the other decoders do not.
+"""
+
+import keras
+from keras import ops
+
+from keras_attn.zoo.decoding import check_lengths, decoding_steps, greedy_decode
+from keras_attn.zoo.files import write_atomically
+
+
+def export_seq2seq(model, path, max_length, start_id, end_id=None):
+    """Exports a seq2seq model as a SavedModel that decodes in its graph.
+
+    Signatures (what TF Serving and converters see; int64 inputs, the dtype
+    `TextVectorization` emits):
+
+    - `serving_default`: `encoder_inputs` `(B, S)` -> `{"tokens": (B, max_length)}`
+      int32, greedy decoding, the whole cached loop inside the graph;
+    - `greedy_decode`: the same, its output unnamed (`output_0`);
+    - `serve`: the teacher-forced model, `encoder_inputs` `(B, S)` and
+      `decoder_inputs` `(B, T)` (by name) -> logits `(B, T, V)`.
+
+    From Python, `serve` takes the model's input dict, and an export from
+    TensorFlow takes int32 too (one from JAX: int64 only):
+
+        loaded = tf.saved_model.load(path)
+        tokens = loaded.greedy_decode(tf.constant(source_tokens, tf.int64))
+        logits = loaded.serve({"encoder_inputs": source, "decoder_inputs": previous})
+
+    Backends: on TensorFlow the loop is a `tf.function` graph (a `tf.while_loop`).
+    On JAX the same Python loop (`keras.ops.fori_loop`, a `lax` loop) is
+    converted with `jax2tf` (Keras' `ExportArchive`): the signatures are the
+    same, with any batch size and source length, but take int64 only, and the
+    graph is one `XlaCallModule` op (StableHLO, lowered for the platform the
+    export ran on), which TFLite and ONNX converters do not read. Torch cannot
+    write a SavedModel (`ValueError`).
+
+    For a `transformer_seq2seq` exported from TensorFlow, `greedy_decode`
+    converts to TFLite with builtin ops only
+    (`tf.lite.TFLiteConverter.from_saved_model(path, signature_keys=["greedy_decode"])`);
+    an `rnn_seq2seq` needs `SELECT_TF_OPS` (the Keras RNN layers' TensorList ops).
+
+    Args:
+        model: a seq2seq model with decoding steps (`register_decoding_steps`).
+        path: the SavedModel directory, written atomically (`write_atomically`).
+        max_length, start_id, end_id: as in `greedy_decode`.
+    """
+    check_lengths(max_length, start_id, end_id)
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax"):
+        raise ValueError(
+            "`export_seq2seq` writes a SavedModel from the tensorflow or jax backend. "
+            f"Received: backend={backend!r}"
+        )
+    steps = decoding_steps(model)
+    if not isinstance(model.input, dict):
+        raise ValueError(
+            "`model` must take a dict of named inputs (the zoo's `{'encoder_inputs', "
+            f"'decoder_inputs'}}`). Received: model.input={model.input!r}"
+        )
+    import tensorflow as tf  # the SavedModel format (on JAX too: jax2tf)
+
+    names = tuple(model.input)
+
+    def decode(encoder_inputs):
+        source = ops.cast(encoder_inputs, "int32")
+        return greedy_decode(model, source, max_length, start_id, end_id, steps=steps)
+
+    def serving_default(encoder_inputs):
+        return {"tokens": decode(encoder_inputs)}
+
+    def teacher_forced(inputs):
+        return model({name: ops.cast(x, "int32") for name, x in inputs.items()}, training=False)
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    endpoints = {"serving_default": serving_default, "greedy_decode": decode}
+    endpoints["serve"] = teacher_forced
+
+    def specs(dtype):
+        source = tf.TensorSpec((None, None), dtype, name="encoder_inputs")
+        pair = {name: tf.TensorSpec((None, None), dtype, name=name) for name in names}
+        return {"serving_default": source, "greedy_decode": source, "serve": pair}
+
+    if backend == "jax":
+        for name, fn in endpoints.items():
+            # The tokens have no gradient: jax2tf need not convert one for the decoders.
+            kwargs = {} if name == "serve" else {"jax2tf_kwargs": {"with_gradient": False}}
+            archive.add_endpoint(name, fn, input_signature=[specs(tf.int64)[name]], **kwargs)
+    else:
+        for name, fn in endpoints.items():
+            function = tf.function(fn)
+            # The first trace (int64) is the signature; int32 is traced for Python callers.
+            for dtype in (tf.int64, tf.int32):
+                function.get_concrete_function(specs(dtype)[name])
+            archive.add_endpoint(name, function)
+    write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
