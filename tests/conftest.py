@@ -9,7 +9,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 # thread per worker took 7 % less CPU time than one process, and with the default pools 12 %
 # more). XLA (JAX, and TensorFlow's jit_compile) reads its flags before its first computation.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-THREADS = max(1, (os.cpu_count() or 1) // WORKERS)
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+THREADS = max(1, (CPUS or 1) // WORKERS)
 if WORKERS > 1:
     os.environ.setdefault(
         "XLA_FLAGS",
