@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn._typing import InitializerLike
 from keras_attn.dot_attention import _FixedScoreAttention
 from keras_attn.scores import AdditiveScore
 
@@ -40,12 +41,12 @@ class AdditiveAttention(_FixedScoreAttention):
 
     def __init__(
         self,
-        units=None,
-        use_bias=False,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        dropout=0.0,
-        seed=None,
+        units: int | None = None,
+        use_bias: bool = False,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
+        dropout: float = 0.0,
+        seed: int | None = None,
         **kwargs,
     ):
         dtype = kwargs.get("dtype")

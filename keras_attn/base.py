@@ -13,6 +13,7 @@ from keras import ops as kops
 
 from keras_attn import masks, scores
 from keras_attn import ops as attn_ops
+from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_dim, check_floating, check_rank, check_rate
 from keras_attn.kernels import bias as kernel_bias
 from keras_attn.kernels import finite
@@ -267,7 +268,13 @@ class ScoreAttention(QueryMaskOutput, keras.layers.Layer):
     (2, 3, 6)
     """
 
-    def __init__(self, score="dot", dropout=0.0, seed=None, **kwargs):
+    def __init__(
+        self,
+        score: str | dict | scores.Score = "dot",
+        dropout: float = 0.0,
+        seed: int | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.score = score
         self.score_layer = scores.get(score, dtype=self.dtype_policy)
@@ -311,17 +318,17 @@ class ScoreAttention(QueryMaskOutput, keras.layers.Layer):
 
     def call(
         self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        return_attention_scores=False,
-        training=None,
-        attention_bias=None,
-    ):
+        query: TensorLike,
+        value: TensorLike,
+        key: TensorLike | None = None,
+        query_mask: TensorLike | None = None,
+        value_mask: TensorLike | None = None,
+        attention_mask: TensorLike | None = None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+        attention_bias: TensorLike | tuple[TensorLike, ...] | None = None,
+    ) -> TensorLike | tuple[TensorLike, TensorLike]:
         key = value if key is None else key
         query, mask, single_query = prepare_inputs(
             query, value, query_mask, value_mask, attention_mask, use_causal_mask, key=key

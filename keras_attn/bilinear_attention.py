@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn._typing import InitializerLike
 from keras_attn.dot_attention import _FixedScoreAttention
 from keras_attn.scores import BilinearScore
 
@@ -33,7 +34,13 @@ class BilinearAttention(_FixedScoreAttention):
         Machine Translation", https://arxiv.org/abs/1508.04025
     """
 
-    def __init__(self, kernel_initializer="glorot_uniform", dropout=0.0, seed=None, **kwargs):
+    def __init__(
+        self,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        dropout: float = 0.0,
+        seed: int | None = None,
+        **kwargs,
+    ):
         score = BilinearScore(kernel_initializer=kernel_initializer, dtype=kwargs.get("dtype"))
         super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)
         self.kernel_initializer = score.kernel_initializer

@@ -12,6 +12,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._typing import Length, TensorLike
+
 
 class KVCache(NamedTuple):
     """Keys and values of multi-head attention, and which of their positions are valid.
@@ -49,12 +51,12 @@ class KVCache(NamedTuple):
     valid: Any
 
     @property
-    def length(self):
+    def length(self) -> int | None:
         """`S`, the number of positions (static, or `None` if unknown)."""
         return self.key.shape[2]
 
 
-def as_kv_cache(cache):
+def as_kv_cache(cache: KVCache | tuple[TensorLike, TensorLike, TensorLike]) -> KVCache:
     """`cache` as a `KVCache`; a plain 3-tuple `(key, value, valid)` is accepted.
 
     Raises:
@@ -72,7 +74,13 @@ def as_kv_cache(cache):
     )
 
 
-def write(cache, index, key, value, valid=None):
+def write(
+    cache: KVCache,
+    index: Length,
+    key: TensorLike,
+    value: TensorLike,
+    valid: TensorLike | None = None,
+) -> tuple[KVCache, TensorLike | None]:
     """The cache with `key`, `value` (`(B, g, Tq, d)`) written at positions `index, index + 1, ...`.
 
     Args:
@@ -106,7 +114,7 @@ def write(cache, index, key, value, valid=None):
     return updated, in_range
 
 
-def check_index(index, query_length, cache_length):
+def check_index(index: Length, query_length: Length, cache_length: Length) -> TensorLike | None:
     """`index + Tq <= S` and `index >= 0`: the new tokens must fit in the cache.
 
     `slice_update` would clamp an index past the end (writing the new keys

@@ -42,7 +42,7 @@ class DotAttention(_FixedScoreAttention):
         Machine Translation", https://arxiv.org/abs/1508.04025
     """
 
-    def __init__(self, dropout=0.0, seed=None, **kwargs):
+    def __init__(self, dropout: float = 0.0, seed: int | None = None, **kwargs):
         super().__init__(score="dot", dropout=dropout, seed=seed, **kwargs)
 
 
@@ -71,7 +71,9 @@ class ScaledDotAttention(_FixedScoreAttention):
         https://arxiv.org/abs/1706.03762
     """
 
-    def __init__(self, scale=None, dropout=0.0, seed=None, **kwargs):
+    def __init__(
+        self, scale: float | None = None, dropout: float = 0.0, seed: int | None = None, **kwargs
+    ):
         super().__init__(score=ScaledDotScore(scale=scale), dropout=dropout, seed=seed, **kwargs)
         self.scale = scale
 

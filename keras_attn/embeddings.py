@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn._typing import InitializerLike, RegularizerLike, TensorLike
 from keras_attn.arguments import check_positive_int, check_positive_number, clone_initializer
 from keras_attn.positional import (
     LearnedPositionalEmbedding,
@@ -68,15 +69,15 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
 
     def __init__(
         self,
-        vocabulary_size,
-        sequence_length,
-        embedding_dim,
-        tie_weights=True,
-        embeddings_initializer="uniform",
-        mask_zero=False,
-        position="learned",
-        embeddings_regularizer=None,
-        max_wavelength=10000,
+        vocabulary_size: int,
+        sequence_length: int,
+        embedding_dim: int,
+        tie_weights: bool = True,
+        embeddings_initializer: InitializerLike = "uniform",
+        mask_zero: bool = False,
+        position: str = "learned",
+        embeddings_regularizer: RegularizerLike | None = None,
+        max_wavelength: float = 10000,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -131,7 +132,12 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.position_embedding.build(self.compute_output_shape(inputs_shape))
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(
+        self,
+        inputs: TensorLike,
+        start_index: int | TensorLike = 0,
+        positions: TensorLike | None = None,
+    ) -> TensorLike:
         tokens = self.token_embedding(inputs)  # (B, ..., T, embedding_dim)
         return tokens + self.position_embedding(
             tokens, start_index=start_index, positions=positions

@@ -7,6 +7,7 @@ from keras import ops as kops
 from keras_attn import ops as attn_ops
 from keras_attn.arguments import check_positive_number
 from keras_attn.base import ScoreAttention
+from keras_attn.scores import Score
 
 # Smallest uniform sample, so that the Gumbel noise `-log(-log(u))` is finite.
 _TINY = float(np.finfo(np.float32).tiny)
@@ -66,7 +67,14 @@ class HardAttention(ScoreAttention):
         https://arxiv.org/abs/1611.01144
     """
 
-    def __init__(self, score="dot", temperature=1.0, dropout=0.0, seed=None, **kwargs):
+    def __init__(
+        self,
+        score: str | dict | Score = "dot",
+        temperature: float = 1.0,
+        dropout: float = 0.0,
+        seed: int | None = None,
+        **kwargs,
+    ):
         super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)
         self.temperature = float(check_positive_number("temperature", temperature))
 

@@ -2,8 +2,10 @@
 
 import keras
 
+from keras_attn._typing import InitializerLike
 from keras_attn.arguments import check_positive_int, clone_initializer
 from keras_attn.base import ScoreAttention
+from keras_attn.scores import Score
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -49,15 +51,15 @@ class KeyValueAttention(ScoreAttention):
 
     def __init__(
         self,
-        key_dim,
-        value_dim=None,
-        score="scaled_dot",
-        output_dim=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        dropout=0.0,
-        seed=None,
+        key_dim: int,
+        value_dim: int | None = None,
+        score: str | dict | Score = "scaled_dot",
+        output_dim: int | None = None,
+        use_bias: bool = True,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
+        dropout: float = 0.0,
+        seed: int | None = None,
         **kwargs,
     ):
         super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)

@@ -23,6 +23,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._typing import Length, TensorLike
+
 # Fill of masked scores. Softmax runs in float32 and this is the most negative
 # finite float32: exp(FILL - max) underflows to exactly 0 for any visible
 # score, a row of fills is a finite uniform row (zeroed afterwards), and a
@@ -30,7 +32,7 @@ from keras import ops
 FILL = float(np.finfo(np.float32).min)
 
 
-def fill_masked(scores, mask):
+def fill_masked(scores: TensorLike, mask: TensorLike | None) -> TensorLike:
     """`where(mask, scores, FILL)` in float32: masked scores replaced, never added to.
 
     A masked score that holds inf or NaN (a padded row that overflowed
@@ -45,7 +47,12 @@ def fill_masked(scores, mask):
     return scores if mask is None else ops.where(mask, scores, FILL)
 
 
-def causal_mask(query_length, value_length=None, query_start=None, key_start=0):
+def causal_mask(
+    query_length: Length,
+    value_length: Length | None = None,
+    query_start: Length | None = None,
+    key_start: Length = 0,
+) -> TensorLike:
     """Boolean `(Tq, Tv)` mask: query `i` sees keys `j` with `key_start + j <= query_start + i`.
 
     `query_start` is the position of the first query among the keys; it
@@ -65,7 +72,13 @@ def causal_mask(query_length, value_length=None, query_start=None, key_start=0):
     return ops.expand_dims(rows, 1) >= ops.expand_dims(cols, 0)
 
 
-def window_mask(query_length, value_length, window, query_start=None, key_start=0):
+def window_mask(
+    query_length: Length,
+    value_length: Length,
+    window: int,
+    query_start: Length | None = None,
+    key_start: Length = 0,
+) -> TensorLike:
     """Boolean `(Tq, Tv)` band: query `i` sees key `j` iff `|p_i - (key_start + j)| < window`.
 
     A symmetric sliding window (`keras.layers.MultiHeadAttention`'s
@@ -81,8 +94,13 @@ def window_mask(query_length, value_length, window, query_start=None, key_start=
 
 
 def position_mask(
-    query_length, value_length, is_causal=False, window=None, query_start=None, key_start=0
-):
+    query_length: Length,
+    value_length: Length,
+    is_causal: bool = False,
+    window: int | None = None,
+    query_start: Length | None = None,
+    key_start: Length = 0,
+) -> TensorLike | None:
     """The masks that are functions of positions, merged: causal and window; `None` if neither.
 
     What a kernel builds whole (dense, fused) or per key block (chunked,
@@ -96,7 +114,7 @@ def position_mask(
     return merge_masks(*parts)
 
 
-def check_window(window, name="window"):
+def check_window(window: int | None, name: str = "window") -> int | None:
     """`window` as a positive int or `None`; `ValueError` naming `name` otherwise."""
     if window is None:
         return None
@@ -107,7 +125,7 @@ def check_window(window, name="window"):
     return int(window)
 
 
-def positions_below(length, size, start=0):
+def positions_below(length: Length, size: int, start: Length = 0) -> TensorLike:
     """`(size,)` bool: `start + j < length`, the positions of a block that lie before `length`.
 
     A kernel that pads the keys to whole blocks hides the padding with it.
@@ -115,7 +133,7 @@ def positions_below(length, size, start=0):
     return ops.arange(size, dtype="int32") + ops.cast(start, "int32") < length
 
 
-def check_mask_dtype(name, mask):
+def check_mask_dtype(name: str, mask: TensorLike) -> None:
     """`TypeError` unless `mask` is boolean or integer (nonzero = attend).
 
     A float mask is refused: an additive mask (0 = keep, -1e9 = drop) read as
@@ -135,7 +153,7 @@ def check_mask_dtype(name, mask):
         )
 
 
-def as_bool_mask(mask, name="mask"):
+def as_bool_mask(mask: TensorLike | None, name: str = "mask") -> TensorLike | None:
     """Casts a boolean or integer mask to bool (`True`/nonzero = attend); `None` stays `None`.
 
     A Python list becomes a tensor first. Raises `TypeError` for a float,
@@ -151,7 +169,12 @@ def as_bool_mask(mask, name="mask"):
     return ops.not_equal(mask, 0)
 
 
-def check_mask_broadcast(mask, target_shape, target="scores", name="mask"):
+def check_mask_broadcast(
+    mask: TensorLike,
+    target_shape: tuple[int | None, ...],
+    target: str = "scores",
+    name: str = "mask",
+) -> None:
     """`ValueError` unless the static shape of `mask` broadcasts to `target_shape`.
 
     Dimensions unknown at trace time (None, or symbolic in a JAX export) are
@@ -169,7 +192,7 @@ def check_mask_broadcast(mask, target_shape, target="scores", name="mask"):
         )
 
 
-def merge_masks(*masks):
+def merge_masks(*masks: TensorLike | None) -> TensorLike | None:
     """Logical AND of boolean masks that broadcast together; `None`s skipped.
 
     Returns `None` when every mask is `None`.
@@ -184,13 +207,13 @@ def merge_masks(*masks):
 
 
 def compute_attention_mask(
-    query_length,
-    value_length,
-    query_mask=None,
-    value_mask=None,
-    attention_mask=None,
-    use_causal_mask=False,
-):
+    query_length: Length,
+    value_length: Length,
+    query_mask: TensorLike | None = None,
+    value_mask: TensorLike | None = None,
+    attention_mask: TensorLike | None = None,
+    use_causal_mask: bool = False,
+) -> TensorLike | None:
     """Merges query, value, explicit and causal masks into one boolean mask.
 
     Args:
@@ -216,7 +239,9 @@ def compute_attention_mask(
     )
 
 
-def attention_heads_mask(value_mask=None, attention_mask=None):
+def attention_heads_mask(
+    value_mask: TensorLike | None = None, attention_mask: TensorLike | None = None
+) -> TensorLike | None:
     """The key-side mask of multi-head attention, factored: `(B, 1, 1, Tv)` or `(B|1, 1, Tq, Tv)`.
 
     Padded keys stay `O(Tv)` (the chunked kernel slices this per key block);
@@ -233,7 +258,7 @@ def attention_heads_mask(value_mask=None, attention_mask=None):
     )
 
 
-def zero_padded(x, mask):
+def zero_padded(x: TensorLike, mask: TensorLike | None) -> TensorLike:
     """`x (B, T, d)` with the padded steps (`mask (B, T)` False) set to 0; `None` mask: `x`.
 
     Layers zero their padded inputs before any projection: whatever a padded
@@ -246,21 +271,21 @@ def zero_padded(x, mask):
     return ops.where(ops.expand_dims(mask, -1), x, ops.zeros_like(x))
 
 
-def visible_rows(mask):
+def visible_rows(mask: TensorLike) -> TensorLike:
     """`(..., Tq, 1)` bool: whether each query row sees at least one key."""
     return ops.any(mask, axis=-1, keepdims=True)
 
 
 def visible_query_rows(
-    query_length,
-    value_length,
-    query_mask=None,
-    value_mask=None,
-    attention_mask=None,
-    use_causal_mask=False,
-    query_start=None,
-    window=None,
-):
+    query_length: Length,
+    value_length: Length,
+    query_mask: TensorLike | None = None,
+    value_mask: TensorLike | None = None,
+    attention_mask: TensorLike | None = None,
+    use_causal_mask: bool = False,
+    query_start: Length | None = None,
+    window: int | None = None,
+) -> TensorLike | None:
     """`visible_rows(compute_attention_mask(...))` without the `(Tq, Tv)` mask.
 
     With only a query mask, a value mask and the position masks (causal,
@@ -316,7 +341,7 @@ def visible_query_rows(
     return None if seen is None else ops.expand_dims(seen, -1)
 
 
-def chosen_positions_mask(pointers, num_positions):
+def chosen_positions_mask(pointers: TensorLike, num_positions: int) -> TensorLike:
     """Mask for pointer decoding: step `i` may not point at `pointers[:, :i]`.
 
     Args:

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_attn._typing import InitializerLike
 from keras_attn.additive_attention import AdditiveAttention
 from keras_attn.arguments import check_positive_int
 
@@ -62,12 +63,12 @@ class PointerAttention(AdditiveAttention):
 
     def __init__(
         self,
-        units,
-        use_bias=False,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        dropout=0.0,
-        seed=None,
+        units: int,
+        use_bias: bool = False,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
+        dropout: float = 0.0,
+        seed: int | None = None,
         **kwargs,
     ):
         super().__init__(

@@ -4,6 +4,7 @@ import keras
 from keras import ops as kops
 
 from keras_attn import ops as attn_ops
+from keras_attn._typing import InitializerLike, TensorLike
 from keras_attn.arguments import check_floating, check_positive_int, check_rank, check_rate
 from keras_attn.kernels import finite
 from keras_attn.masks import check_mask_dtype
@@ -61,13 +62,13 @@ class AttentionPooling(keras.layers.Layer):
 
     def __init__(
         self,
-        units,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        context_initializer="glorot_uniform",
-        dropout=0.0,
-        seed=None,
+        units: int,
+        use_bias: bool = True,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
+        context_initializer: InitializerLike = "glorot_uniform",
+        dropout: float = 0.0,
+        seed: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -102,7 +103,13 @@ class AttentionPooling(keras.layers.Layer):
             name="context", shape=(self.units,), initializer=self.context_initializer
         )
 
-    def call(self, inputs, mask=None, return_attention_scores=False, training=None):
+    def call(
+        self,
+        inputs: TensorLike,
+        mask: TensorLike | None = None,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+    ) -> TensorLike | tuple[TensorLike, TensorLike]:
         check_rank("inputs", inputs.shape, (3,))
         check_floating("inputs", inputs)
         if inputs.shape[-1] != self.kernel.shape[0]:

@@ -17,6 +17,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._typing import InitializerLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_positive_number
 from keras_attn.kernels import bias as bias_lib
 
@@ -56,7 +57,13 @@ class PositionBias(keras.layers.Layer):
         """Gradients of `parameters` given `d_bias`, the gradient of one `position_bias` block."""
         return ()
 
-    def bias(self, query_length, key_length, num_heads=None, query_start=None):
+    def bias(
+        self,
+        query_length: Length,
+        key_length: Length,
+        num_heads: int | None = None,
+        query_start: Length | None = None,
+    ) -> TensorLike:
         """The whole `(h or 1, Tq, Tv)` float32 bias (end-aligned queries by default)."""
         query_positions = bias_lib.query_positions(query_length, key_length, query_start)
         return self.position_bias(
@@ -66,7 +73,7 @@ class PositionBias(keras.layers.Layer):
             num_heads=num_heads,
         )
 
-    def call(self, attention_scores, query_start=None):
+    def call(self, attention_scores: TensorLike, query_start: Length | None = None) -> TensorLike:
         shape = attention_scores.shape
         if len(shape) != 4:
             raise ValueError(
@@ -81,7 +88,7 @@ class PositionBias(keras.layers.Layer):
         return tuple(input_shape)
 
 
-def alibi_slopes(num_heads, alibi_bias_max=8):
+def alibi_slopes(num_heads: int, alibi_bias_max: float = 8) -> np.ndarray:
     """ALiBi's per-head slopes `m_h` (Press et al.), as a float64 NumPy array.
 
     For `h` a power of two, the geometric sequence `r, r^2, ..., r^h` with
@@ -142,7 +149,7 @@ class AlibiBias(PositionBias):
         https://arxiv.org/abs/2108.12409
     """
 
-    def __init__(self, alibi_bias_max=8, **kwargs):
+    def __init__(self, alibi_bias_max: float = 8, **kwargs):
         super().__init__(**kwargs)
         self.alibi_bias_max = check_positive_number("alibi_bias_max", alibi_bias_max)
 
@@ -162,8 +169,11 @@ class AlibiBias(PositionBias):
 
 
 def relative_position_bucket(
-    relative_position, bidirectional=True, num_buckets=32, max_distance=128
-):
+    relative_position: TensorLike,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> TensorLike:
     """T5's bucket of `relative_position = key position - query position` (int32 tensor).
 
     Half the buckets (all of them when not `bidirectional`, where only
@@ -234,11 +244,11 @@ class RelativePositionBias(PositionBias):
 
     def __init__(
         self,
-        num_heads,
-        num_buckets=32,
-        max_distance=128,
-        bidirectional=True,
-        embeddings_initializer="zeros",
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        embeddings_initializer: InitializerLike = "zeros",
         **kwargs,
     ):
         super().__init__(**kwargs)

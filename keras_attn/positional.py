@@ -16,6 +16,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._typing import InitializerLike, TensorLike
 from keras_attn.arguments import check_floating, check_positive_int, check_positive_number
 
 
@@ -148,7 +149,7 @@ class SinusoidalPositionalEncoding(PositionLayer):
         https://arxiv.org/abs/1706.03762
     """
 
-    def __init__(self, max_wavelength=10000, **kwargs):
+    def __init__(self, max_wavelength: float = 10000, **kwargs):
         super().__init__(**kwargs)
         self.max_wavelength = check_positive_number("max_wavelength", max_wavelength)
 
@@ -157,7 +158,12 @@ class SinusoidalPositionalEncoding(PositionLayer):
         check_width("inputs", inputs_shape)
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(
+        self,
+        inputs: TensorLike,
+        start_index: int | TensorLike = 0,
+        positions: TensorLike | None = None,
+    ) -> TensorLike:
         check_floating("inputs", inputs)
         depth = inputs.shape[-1]
         if positions is None:
@@ -227,7 +233,9 @@ class LearnedPositionalEmbedding(PositionLayer):
         https://arxiv.org/abs/1705.03122
     """
 
-    def __init__(self, sequence_length, initializer="glorot_uniform", **kwargs):
+    def __init__(
+        self, sequence_length: int, initializer: InitializerLike = "glorot_uniform", **kwargs
+    ):
         super().__init__(**kwargs)
         self.sequence_length = check_positive_int("sequence_length", sequence_length)
         self.initializer = keras.initializers.get(initializer)
@@ -282,7 +290,12 @@ class LearnedPositionalEmbedding(PositionLayer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(
+        self,
+        inputs: TensorLike,
+        start_index: int | TensorLike = 0,
+        positions: TensorLike | None = None,
+    ) -> TensorLike:
         check_floating("inputs", inputs)
         width = self.position_embeddings.shape[1]
         if inputs.shape[-1] != width:

@@ -4,6 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_floating, check_positive_number
 from keras_attn.positional import (
     PositionLayer,
@@ -78,11 +79,11 @@ class RotaryEmbedding(PositionLayer):
 
     def __init__(
         self,
-        max_wavelength=10000,
-        scaling_factor=1.0,
-        sequence_axis=1,
-        feature_axis=-1,
-        layout="half",
+        max_wavelength: float = 10000,
+        scaling_factor: float = 1.0,
+        sequence_axis: int = 1,
+        feature_axis: int = -1,
+        layout: str = "half",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -131,7 +132,12 @@ class RotaryEmbedding(PositionLayer):
         self._axes(inputs_shape)
         self.built = True
 
-    def call(self, inputs, start_index=0, positions=None):
+    def call(
+        self,
+        inputs: TensorLike,
+        start_index: int | TensorLike = 0,
+        positions: TensorLike | None = None,
+    ) -> TensorLike:
         sequence_axis, feature_axis = self._axes(inputs.shape)
         check_floating("inputs", inputs)
         # (B, T, ..., d): the sequence second, the features last.

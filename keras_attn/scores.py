@@ -9,6 +9,7 @@ import keras
 from keras import ops as kops
 
 from keras_attn import ops as attn_ops
+from keras_attn._typing import InitializerLike, TensorLike
 from keras_attn.arguments import clone_initializer
 
 _REGISTRY = keras.saving.register_keras_serializable(package="keras_attn")
@@ -46,7 +47,7 @@ class DotScore(Score):
     def build(self, query_shape, key_shape):
         attn_ops._check_widths("query", query_shape, "key", key_shape)
 
-    def call(self, query, key):
+    def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
         return attn_ops.dot_score(query, key)
 
 
@@ -54,7 +55,7 @@ class DotScore(Score):
 class ScaledDotScore(Score):
     """`s(q, k) = q . k * scale`, `scale = 1 / sqrt(d)` by default."""
 
-    def __init__(self, scale=None, **kwargs):
+    def __init__(self, scale: float | None = None, **kwargs):
         super().__init__(**kwargs)
         if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)):
             raise TypeError(f"`scale` must be a number or None. Received: scale={scale!r}")
@@ -65,7 +66,7 @@ class ScaledDotScore(Score):
     def build(self, query_shape, key_shape):
         attn_ops._check_widths("query", query_shape, "key", key_shape)
 
-    def call(self, query, key):
+    def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
         return attn_ops.scaled_dot_score(query, key, scale=self.scale)
 
     def get_config(self):
@@ -85,10 +86,10 @@ class AdditiveScore(Score):
 
     def __init__(
         self,
-        units=None,
-        use_bias=False,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
+        units: int | None = None,
+        use_bias: bool = False,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -126,7 +127,7 @@ class AdditiveScore(Score):
             initializer=clone_initializer(self.kernel_initializer),
         )
 
-    def call(self, query, key):
+    def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
         self.check_built_widths(query, key, self.query_kernel.shape[0], self.key_kernel.shape[0])
         projected_query = kops.matmul(query, self.query_kernel)  # (B, Tq, units)
         projected_key = kops.matmul(key, self.key_kernel)  # (B, Tv, units)
@@ -151,7 +152,7 @@ class AdditiveScore(Score):
 class BilinearScore(Score):
     """Luong's "general" score `s(q, k) = q^T W k`, `W` of shape `(dq, dk)`."""
 
-    def __init__(self, kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, kernel_initializer: InitializerLike = "glorot_uniform", **kwargs):
         super().__init__(**kwargs)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
@@ -162,7 +163,7 @@ class BilinearScore(Score):
             initializer=self.kernel_initializer,
         )
 
-    def call(self, query, key):
+    def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
         self.check_built_widths(query, key, *self.kernel.shape)
         return attn_ops.bilinear_score(query, key, self.kernel)
 
@@ -180,7 +181,7 @@ SCORES = {
 }
 
 
-def get(identifier, dtype=None):
+def get(identifier: str | dict | Score, dtype: str | keras.DTypePolicy | None = None) -> Score:
     """Returns a `Score` layer from a name, a config dict or an instance."""
     if isinstance(identifier, Score):
         return identifier
@@ -205,7 +206,7 @@ def get(identifier, dtype=None):
     )
 
 
-def serialize(score):
+def serialize(score: str | Score) -> str | dict:
     """Config value for a `score` argument: names stay names."""
     if isinstance(score, str):
         return score

@@ -12,6 +12,7 @@ so it flows from block to block.
 
 import keras
 
+from keras_attn._typing import ActivationLike, InitializerLike, TensorLike
 from keras_attn.arguments import check_positive_int, check_rate, clone_initializer
 from keras_attn.transformer_block import BLOCK_ARGS, TransformerBlock
 
@@ -49,14 +50,14 @@ class FeedForward(keras.layers.Layer):
 
     def __init__(
         self,
-        intermediate_dim,
-        output_dim=None,
-        activation="relu",
-        dropout=0.0,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        seed=None,
+        intermediate_dim: int,
+        output_dim: int | None = None,
+        activation: ActivationLike = "relu",
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
+        seed: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -97,7 +98,7 @@ class FeedForward(keras.layers.Layer):
         self.output_dense.build(tuple(inputs_shape[:-1]) + (self.intermediate_dim,))
         self.built = True
 
-    def call(self, inputs, training=None):
+    def call(self, inputs: TensorLike, training: bool | None = None) -> TensorLike:
         hidden = self.hidden_dropout(self.intermediate_dense(inputs), training=training)
         return self.output_dense(hidden)
 
@@ -177,13 +178,13 @@ class TransformerEncoderBlock(TransformerBlock):
 
     def call(
         self,
-        inputs,
-        padding_mask=None,
-        attention_mask=None,
-        training=None,
-        return_attention_scores=False,
-        use_causal_mask=False,
-    ):
+        inputs: TensorLike,
+        padding_mask: TensorLike | None = None,
+        attention_mask: TensorLike | None = None,
+        training: bool | None = None,
+        return_attention_scores: bool = False,
+        use_causal_mask: bool = False,
+    ) -> TensorLike | tuple[TensorLike, TensorLike]:
         self._check_sequence("inputs", inputs, self._width, "padding_mask", padding_mask)
         self.set_output_mask(padding_mask)  # None: the implicit mask passes through
         inputs, padding_mask = self._padding(inputs, padding_mask)

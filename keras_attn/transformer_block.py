@@ -11,6 +11,7 @@ import keras
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
+from keras_attn._typing import ActivationLike, InitializerLike
 from keras_attn.arguments import (
     check_dim,
     check_floating,
@@ -25,6 +26,8 @@ from keras_attn.arguments import (
 )
 from keras_attn.base import QueryMaskOutput
 from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.position_bias import PositionBias
+from keras_attn.rotary import RotaryEmbedding
 
 BLOCK_ARGS = """
     Args:
@@ -81,23 +84,23 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
 
     def __init__(
         self,
-        intermediate_dim,
-        num_heads,
-        dropout=0.0,
-        activation="relu",
-        layer_norm_epsilon=1e-5,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        normalize_first=False,
+        intermediate_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        activation: ActivationLike = "relu",
+        layer_norm_epsilon: float = 1e-5,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
+        normalize_first: bool = False,
         *,
-        attention_dropout=None,
-        key_dim=None,
-        num_key_value_heads=None,
-        rotary_embedding=None,
-        implementation="auto",
-        position_bias=None,
-        sliding_window=None,
-        seed=None,
+        attention_dropout: float | None = None,
+        key_dim: int | None = None,
+        num_key_value_heads: int | None = None,
+        rotary_embedding: RotaryEmbedding | None = None,
+        implementation: str = "auto",
+        position_bias: PositionBias | None = None,
+        sliding_window: int | None = None,
+        seed: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)

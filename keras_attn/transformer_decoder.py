@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_dim, check_rank
 from keras_attn.cache import KVCache, as_kv_cache, write
 from keras_attn.transformer_block import BLOCK_ARGS, TransformerBlock
@@ -148,11 +149,13 @@ class TransformerDecoderBlock(TransformerBlock):
         self._build_feedforward(shape, norm_before_kernels=False)
         self.built = True
 
-    def empty_cache(self, batch_size, max_length, dtype=None):
+    def empty_cache(self, batch_size: int, max_length: int, dtype: str | None = None) -> KVCache:
         """The self-attention's `KVCache` for `max_length` positions, none valid yet."""
         return self._self_attention_layer.empty_cache(batch_size, max_length, dtype)
 
-    def compute_cross_attention_cache(self, encoder_sequence, encoder_padding_mask=None):
+    def compute_cross_attention_cache(
+        self, encoder_sequence: TensorLike, encoder_padding_mask: TensorLike | None = None
+    ) -> KVCache:
         """The source's `KVCache` for cross-attention (valid where `encoder_padding_mask` is)."""
         if self._cross_attention_layer is None:
             raise ValueError(
@@ -216,20 +219,20 @@ class TransformerDecoderBlock(TransformerBlock):
 
     def call(
         self,
-        decoder_sequence,
-        encoder_sequence=None,
-        decoder_padding_mask=None,
-        decoder_attention_mask=None,
-        encoder_padding_mask=None,
-        encoder_attention_mask=None,
-        self_attention_cache=None,
-        self_attention_cache_update_index=None,
-        cross_attention_cache=None,
-        cross_attention_cache_update_index=None,
-        use_causal_mask=True,
-        training=None,
-        return_attention_scores=False,
-    ):
+        decoder_sequence: TensorLike,
+        encoder_sequence: TensorLike | None = None,
+        decoder_padding_mask: TensorLike | None = None,
+        decoder_attention_mask: TensorLike | None = None,
+        encoder_padding_mask: TensorLike | None = None,
+        encoder_attention_mask: TensorLike | None = None,
+        self_attention_cache: KVCache | TensorLike | None = None,
+        self_attention_cache_update_index: int | TensorLike | None = None,
+        cross_attention_cache: KVCache | TensorLike | None = None,
+        cross_attention_cache_update_index: int | TensorLike | None = None,
+        use_causal_mask: bool = True,
+        training: bool | None = None,
+        return_attention_scores: bool = False,
+    ) -> TensorLike | tuple[TensorLike, ...]:
         cached = self_attention_cache is not None
         self._check_sources(
             encoder_sequence, cross_attention_cache, cross_attention_cache_update_index, cached,

@@ -31,7 +31,7 @@ from keras_attn.zoo.transformer_seq2seq import TransformerDecodingSteps
 _STEPS = [TransformerDecodingSteps, RNNDecodingSteps]
 
 
-def register_decoding_steps(steps_class):
+def register_decoding_steps(steps_class: type) -> type:
     """Teaches greedy, beam, sampled decoding and `export_seq2seq` a new kind of model.
 
     `decoding_steps(model)` returns `steps_class(model)` for the first
@@ -99,7 +99,7 @@ def register_decoding_steps(steps_class):
     return steps_class
 
 
-def decoding_steps(model):
+def decoding_steps(model: keras.Model):
     """The decoding-steps object of a seq2seq model (see `register_decoding_steps`)."""
     for steps_class in _STEPS:
         if steps_class.matches(model):
@@ -157,15 +157,15 @@ def greedy_decode(model, encoder_inputs, max_length, start_id, end_id=None, step
 
 
 def sample_decode(
-    model,
+    model: keras.Model,
     encoder_inputs,
-    max_length,
-    start_id,
-    end_id=None,
-    temperature=1.0,
-    top_k=None,
-    top_p=None,
-    seed=None,
+    max_length: int,
+    start_id: int,
+    end_id: int | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
     steps=None,
 ):
     """Sampled decoding: `y_t ~ softmax(logits_t / temperature)`, truncated to top-k / top-p.

@@ -8,8 +8,10 @@ O(N^2) in all. (`keras_attn.zoo.pointer_search` has beam search over convex poly
 Also importable from `keras_attn.zoo.decoding`.
 """
 
+import keras
 import numpy as np
 
+from keras_attn._typing import TensorLike
 from keras_attn.zoo.geometry import open_polygon
 
 # ---------------------------------------------------------------------------
@@ -17,7 +19,7 @@ from keras_attn.zoo.geometry import open_polygon
 # ---------------------------------------------------------------------------
 
 
-def predict_batch(model, inputs):
+def predict_batch(model: keras.Model, inputs: dict[str, TensorLike]) -> np.ndarray:
     """One inference call, NumPy in and out; right for a distributed model too.
 
     `predict_on_batch` traces once per shape, so it is used when the model has one replica.
@@ -35,7 +37,9 @@ def predict_batch(model, inputs):
 # ---------------------------------------------------------------------------
 
 
-def pointer_decode(model, points, steps=None, constrained=True):
+def pointer_decode(
+    model: keras.Model, points: TensorLike, steps: int | None = None, constrained: bool = True
+) -> np.ndarray:
     """Greedy pointer decoding that never points twice at the same position.
 
         C_t = argmax_{j not in C_<t} p(C_t = j | C_<t, x)
@@ -91,7 +95,7 @@ def pointer_decode(model, points, steps=None, constrained=True):
     return pointers
 
 
-def polygon_decode(model, points):
+def polygon_decode(model: keras.Model, points: TensorLike) -> list[np.ndarray]:
     """Greedy decoding of closed polygons (convex hulls) with a pointer network.
 
     Positions already chosen are excluded, except the first one: pointing back

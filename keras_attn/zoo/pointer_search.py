@@ -14,8 +14,10 @@ depends on the pointers before it only): O(t) decoder work per step.
 steps.
 """
 
+import keras
 import numpy as np
 
+from keras_attn._typing import TensorLike
 from keras_attn.zoo.decoding import pointer_decode, polygon_decode, predict_batch
 
 
@@ -26,7 +28,7 @@ def _turn(o, a, b):
     )
 
 
-def sort_decode(model, points):
+def sort_decode(model: keras.Model, points: TensorLike) -> np.ndarray:
     """Constrained greedy decoding of a permutation: `C_t = argmax_{j not in C_<t} p(j)`.
 
     `keras_attn.zoo.decoding.pointer_decode(model, points)`, for `N` steps: O(N^2)
@@ -87,7 +89,13 @@ def convex_candidates(points, sequences, t):
     )
 
 
-def polygon_beam_search(model, points, beam_width=4, convex=True, max_vertices=None):
+def polygon_beam_search(
+    model: keras.Model,
+    points: TensorLike,
+    beam_width: int = 4,
+    convex: bool = True,
+    max_vertices: int | None = None,
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Beam search over closed polygons, ranking them by `log p(C | x)`.
 
         C* = argmax_C  sum_i log p(C_i | C_<i, x),   C = v_0 .. v_(k-1), v_0

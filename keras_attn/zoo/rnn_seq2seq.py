@@ -3,6 +3,7 @@
 import keras
 
 import keras_attn
+from keras_attn._typing import Length, TensorLike
 
 _CELLS = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}
 _SCORES = ("additive", "dot", "scaled_dot", "bilinear")
@@ -141,11 +142,11 @@ class RNNDecodingSteps:
     """
 
     @staticmethod
-    def matches(model):
+    def matches(model: keras.Model) -> bool:
         names = {layer.name for layer in model.layers}
         return {"encoder", "decoder", "decoder_embedding", "attentional_hidden"} <= names
 
-    def __init__(self, model):
+    def __init__(self, model: keras.Model):
         names = {layer.name for layer in model.layers}
         self.encoder = keras.Model(
             model.get_layer("encoder_inputs").output, model.get_layer("encoder").output
@@ -157,7 +158,7 @@ class RNNDecodingSteps:
         self.hidden = model.get_layer("attentional_hidden")
         self.logits = model.get_layer("logits")
 
-    def start(self, encoder_inputs, max_length):
+    def start(self, encoder_inputs: TensorLike, max_length: int) -> dict:
         """Encodes `(B, S)` source tokens; returns the initial decoding state."""
         del max_length  # an RNN state does not grow
         outputs, *states = self.encoder(encoder_inputs, training=False)
@@ -167,7 +168,7 @@ class RNNDecodingSteps:
             "states": list(states),
         }
 
-    def step(self, tokens, index, state):
+    def step(self, tokens: TensorLike, index: Length, state: dict) -> tuple[TensorLike, dict]:
         """`(B,)` tokens -> next-token logits `(B, V)` and the new state."""
         del index  # the RNN state carries the position
         x = keras.ops.take(self.embedding.embeddings, tokens, axis=0)  # (B, E), no mask

@@ -15,8 +15,10 @@ import numbers
 import keras
 from keras import ops
 
+from keras_attn._typing import TensorLike
 
-def greedy_tokens(logits):
+
+def greedy_tokens(logits: TensorLike) -> TensorLike:
     """`(B, V)` logits -> `(B,)` int32 `argmax_v logits[b, v]` (ties: the lowest id).
 
     Example:
@@ -52,7 +54,13 @@ def check_sampling(temperature, top_k, top_p, seed):
         raise ValueError(f"`seed` must be None or an integer. Received: seed={seed!r}")
 
 
-def sample_tokens(logits, uniform, temperature=1.0, top_k=None, top_p=None):
+def sample_tokens(
+    logits: TensorLike,
+    uniform: TensorLike,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> TensorLike:
     """Draws one token per row from `softmax(logits / temperature)`, truncated.
 
     The candidates are the `top_k` most likely tokens (all when None); of

@@ -9,19 +9,19 @@ _POOLINGS = ("mean", "attention")
 
 
 def transformer_classifier(
-    vocab_size,
-    sequence_length,
-    num_classes,
-    num_layers=2,
-    num_heads=4,
-    d_model=64,
-    intermediate_dim=128,
-    dropout=0.1,
-    pooling="mean",
-    position="sinusoidal",
-    normalize_first=False,
-    name="transformer_classifier",
-):
+    vocab_size: int,
+    sequence_length: int,
+    num_classes: int,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    d_model: int = 64,
+    intermediate_dim: int = 128,
+    dropout: float = 0.1,
+    pooling: str = "mean",
+    position: str = "sinusoidal",
+    normalize_first: bool = False,
+    name: str = "transformer_classifier",
+) -> keras.Model:
     """A Transformer encoder that classifies token sequences.
 
         x = Dropout(E[tokens] + PE)

@@ -4,20 +4,21 @@ import keras
 from keras import ops
 
 import keras_attn
+from keras_attn._typing import Length, TensorLike
 
 
 def transformer_seq2seq(
-    source_vocab_size,
-    target_vocab_size,
-    num_layers=2,
-    num_heads=4,
-    d_model=64,
-    intermediate_dim=128,
-    dropout=0.1,
-    normalize_first=False,
-    max_length=512,
-    name="transformer_seq2seq",
-):
+    source_vocab_size: int,
+    target_vocab_size: int,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    d_model: int = 64,
+    intermediate_dim: int = 128,
+    dropout: float = 0.1,
+    normalize_first: bool = False,
+    max_length: int = 512,
+    name: str = "transformer_seq2seq",
+) -> keras.Model:
     """The encoder-decoder Transformer of Vaswani et al., trained with teacher forcing.
 
         e = Encoder(E_src[source] + PE)
@@ -122,10 +123,10 @@ class TransformerDecodingSteps:
     """
 
     @staticmethod
-    def matches(model):
+    def matches(model: keras.Model) -> bool:
         return {"encoder_embedding", "decoder_embedding", "decoder_block_0"} <= _layer_names(model)
 
-    def __init__(self, model):
+    def __init__(self, model: keras.Model):
         names = _layer_names(model)
         self.blocks, i = [], 0
         while f"decoder_block_{i}" in names:
@@ -139,7 +140,7 @@ class TransformerDecodingSteps:
         self.norm = model.get_layer("decoder_norm") if "decoder_norm" in names else None
         self.logits = model.get_layer("logits")
 
-    def start(self, encoder_inputs, max_length):
+    def start(self, encoder_inputs: TensorLike, max_length: int) -> dict:
         """Encodes `(B, S)` source tokens; returns the initial decoding state."""
         encoded = self.encoder(encoder_inputs, training=False)  # (B, S, d)
         source_mask = ops.not_equal(encoder_inputs, 0)  # (B, S)
@@ -149,7 +150,7 @@ class TransformerDecodingSteps:
             "cross": [b.compute_cross_attention_cache(encoded, source_mask) for b in self.blocks],
         }
 
-    def step(self, tokens, index, state):
+    def step(self, tokens: TensorLike, index: Length, state: dict) -> tuple[TensorLike, dict]:
         """`(B,)` tokens at position `index` -> next-token logits `(B, V)` and the new state."""
         x = self.embedding(ops.expand_dims(tokens, 1), start_index=index)  # (B, 1, d)
         caches = []
