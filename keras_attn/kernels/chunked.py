@@ -183,7 +183,7 @@ def chunked_attention(
         return masks.merge_masks(*parts)
 
     blocks = _Blocks(visible, block, num_blocks, bias, query_length, query_start, query)
-    q = query * ops.cast(scale, query.dtype)  # scaling Tq * dk values, not Tq * Tv
+    q = ops.multiply(query, ops.cast(scale, query.dtype))  # scaling Tq * dk values, not Tq * Tv
     return _attend(q, key, value, flag, blocks), None
 
 

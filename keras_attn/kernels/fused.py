@@ -74,7 +74,7 @@ def fused_attention(
     query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
     positions = masks.position_mask(query_length, value_length, is_causal, window, query_start)
     mask = masks.merge_masks(mask, positions)
-    q = query * ops.cast(default_scale(query, scale), query.dtype)  # Tq * dk values, not Tq * Tv
+    q = ops.multiply(query, ops.cast(default_scale(query, scale), query.dtype))  # Tq * dk values
     value, key, flag = finite.zero_nonfinite(value, key)
     if bias is not None:
         bias = bias.full(

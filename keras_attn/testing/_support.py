@@ -102,12 +102,15 @@ def _compiled_call(fn, call_kwargs):
     return cache[key]
 
 
-def _backend(what):
+_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "torch"}
+
+
+def _backend(what, backends=("tensorflow", "jax", "torch")):
+    """The Keras backend's name; `ValueError` unless it is one of `backends`."""
     backend = keras.backend.backend()
-    if backend not in ("tensorflow", "jax"):
-        raise ValueError(
-            f"{what} needs the TensorFlow or the JAX backend. Received: backend={backend!r}"
-        )
+    if backend not in backends:
+        names = " or the ".join(_NAMES[b] for b in backends)
+        raise ValueError(f"{what} needs the {names} backend. Received: backend={backend!r}")
     return backend
 
 
@@ -119,7 +122,7 @@ def _compile(function, variables=()):
     compiled function sees their current values, and their updates (e.g. a
     seed generator's) are dropped instead of leaking tracers.
     """
-    if _backend("`jit_compile=True`") == "tensorflow":
+    if _backend("`jit_compile=True` (XLA)", ("tensorflow", "jax")) == "tensorflow":
         import tensorflow as tf
 
         return tf.function(function, jit_compile=True, reduce_retracing=True)
@@ -141,10 +144,17 @@ def _value_and_gradients(function, sources, variables, loss, jit_compile=False):
     The gradients are with respect to `sources` (float tensors), then
     `variables` (Keras variables): `tf.GradientTape` on TensorFlow,
     `jax.value_and_grad` on JAX (the variables mapped in a
-    `keras.StatelessScope`). `jit_compile` compiles the whole step with XLA.
+    `keras.StatelessScope`), `torch.autograd.grad` on torch (a variable or source
+    the loss does not depend on gets `None`, as on TensorFlow). `jit_compile`
+    compiles the whole step with XLA (TensorFlow and JAX only).
     """
     variables = list(variables)
-    if _backend("Taking gradients") == "tensorflow":
+    backend = _backend("Taking gradients")
+    if backend == "torch":
+        if jit_compile:
+            _backend("`jit_compile=True` (XLA)", ("tensorflow", "jax"))
+        return _torch_value_and_gradients(function, sources, variables, loss)
+    if backend == "tensorflow":
         import tensorflow as tf
 
         def step(*sources):
@@ -166,6 +176,19 @@ def _value_and_gradients(function, sources, variables, loss, jit_compile=False):
     step = jax.jit(step) if jit_compile else step
     (_, outputs), (d_sources, d_variables) = step(list(sources), [v.value for v in variables])
     return outputs, list(d_sources) + list(d_variables)
+
+
+def _torch_value_and_gradients(function, sources, variables, loss):
+    import torch
+
+    sources = [keras.ops.convert_to_tensor(s).detach().requires_grad_(True) for s in sources]
+    outputs = function(*sources)
+    value = loss(outputs)
+    # Only what requires a gradient goes to autograd; the rest gets `None`.
+    wanted = sources + [v.value for v in variables]
+    differentiable = [t for t in wanted if t.requires_grad]
+    grads = iter(torch.autograd.grad(value, differentiable, allow_unused=True))
+    return outputs, [next(grads) if t.requires_grad else None for t in wanted]
 
 
 def _flatten(outputs):
