@@ -114,6 +114,13 @@ def _backend(what, backends=("tensorflow", "jax", "torch")):
     return backend
 
 
+def _jit_modes(jit_compile):
+    """`jit_compile` as a tuple; `None`: eager and XLA, eager only on torch (no XLA)."""
+    if jit_compile is None:
+        return (False,) if keras.backend.backend() == "torch" else (False, True)
+    return tuple(jit_compile)
+
+
 def _compile(function, variables=()):
     """`function` compiled with XLA: `tf.function(jit_compile=True)` or `jax.jit`.
 
@@ -184,11 +191,13 @@ def _torch_value_and_gradients(function, sources, variables, loss):
     sources = [keras.ops.convert_to_tensor(s).detach().requires_grad_(True) for s in sources]
     outputs = function(*sources)
     value = loss(outputs)
-    # Only what requires a gradient goes to autograd; the rest gets `None`.
+    # Only what requires a gradient goes to autograd; the rest gets `None` (as when the
+    # loss does not depend on anything that does: a constant output).
     wanted = sources + [v.value for v in variables]
-    differentiable = [t for t in wanted if t.requires_grad]
-    grads = iter(torch.autograd.grad(value, differentiable, allow_unused=True))
-    return outputs, [next(grads) if t.requires_grad else None for t in wanted]
+    used = [t.requires_grad and value.requires_grad for t in wanted]
+    found = [t for t, use in zip(wanted, used, strict=True) if use]
+    grads = iter(torch.autograd.grad(value, found, allow_unused=True) if found else ())
+    return outputs, [next(grads) if use else None for use in used]
 
 
 def _flatten(outputs):
