@@ -305,7 +305,7 @@ def beam_search(
     for index in range(max_length):
         logits, state = steps.step(tokens, index, state)
         logits = _without_padding(ops.cast(logits, "float32"))
-        step_log_probs = np.asarray(ops.log_softmax(logits), "float64")
+        step_log_probs = ops.convert_to_numpy(ops.log_softmax(logits)).astype("float64")
         vocab = step_log_probs.shape[-1]
         step_log_probs = step_log_probs.reshape(batch, width, vocab)
         pad_only = np.full(vocab, -np.inf)
