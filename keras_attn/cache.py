@@ -122,7 +122,8 @@ def check_index(index: Length, query_length: Length, cache_length: Length) -> Te
     here. A tensor index is checked when the step runs: on TensorFlow an
     assertion fails (eagerly and in a `tf.function`), and on every backend the
     returned flag turns the step's output into NaN (under `jax.jit` or XLA no
-    error can be raised).
+    error can be raised). On torch, which runs eagerly, a tensor index is read
+    and checked as an int.
 
     Args:
         index: the `cache_update_index`.
@@ -139,6 +140,8 @@ def check_index(index: Length, query_length: Length, cache_length: Length) -> Te
                 "`cache_update_index` must be an int or a scalar integer tensor. "
                 f"Received: cache_update_index={index!r}"
             )
+        if keras.backend.backend() == "torch" and index.device.type != "meta":
+            return check_index(int(index), query_length, cache_length)
         index = ops.cast(index, "int32")
         in_range = ops.logical_and(index >= 0, index + query_length <= cache_length)
         if keras.backend.backend() == "tensorflow":

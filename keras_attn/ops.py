@@ -112,7 +112,7 @@ def scaled_dot_score(query, key, scale=None):
     if scale is None:
         scale = 1.0 / float(np.sqrt(_static_width("key", key)))
     # Scaling the query costs Tq * d multiplies instead of Tq * Tv.
-    return ops.matmul(query * ops.cast(scale, query.dtype), swap_last(key))
+    return ops.matmul(ops.multiply(query, ops.cast(scale, query.dtype)), swap_last(key))
 
 
 def additive_score(query, key, v):

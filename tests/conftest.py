@@ -35,6 +35,12 @@ def pytest_configure(config):
         "tensorflow_only: needs the TensorFlow backend (tf.function graphs, SavedModel, tfds); "
         "skipped on other Keras backends (KERAS_BACKEND=jax)",
     )
+    config.addinivalue_line(
+        "markers",
+        "xla: checks what only an XLA-compiled call does (tf.function(jit_compile=True), "
+        "jax.jit); skipped on torch, which has no XLA. A test parametrized with `jit=True` "
+        "counts as marked.",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -42,9 +48,14 @@ def pytest_collection_modifyitems(config, items):
     if backend == "tensorflow":
         return
     skip = pytest.mark.skip(reason=f"TensorFlow only (KERAS_BACKEND={backend})")
+    no_xla = pytest.mark.skip(reason="XLA compilation: TensorFlow and JAX only")
     for item in items:
         if "tensorflow_only" in item.keywords:
             item.add_marker(skip)
+        callspec = getattr(item, "callspec", None)
+        jit = callspec is not None and callspec.params.get("jit") is True
+        if backend == "torch" and ("xla" in item.keywords or jit):
+            item.add_marker(no_xla)
 
 
 @pytest.fixture(autouse=True)

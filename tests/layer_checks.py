@@ -3,7 +3,7 @@
 It never branches on the layer's type; what differs between layers is described
 by the arguments (inputs, masks and which inputs they cover, call options).
 `compiled` and `value_and_grads` give the tests one way to compile and to take
-gradients on the TensorFlow and the JAX backend.
+gradients on the TensorFlow, JAX and torch backends.
 """
 
 import keras
@@ -13,13 +13,21 @@ from keras_attn import testing
 from keras_attn.testing import _support
 
 
+def dtype_of(tensor):
+    """The dtype's Keras name (`"float16"`): torch tensors have `torch.float16`."""
+    return keras.backend.standardize_dtype(tensor.dtype)
+
+
 def compiled(function):
     """`function` compiled with XLA: `tf.function(jit_compile=True)`, or `jax.jit` on JAX.
 
     On JAX the Keras variables `function` reads are baked in as constants
     when it is first traced: build layers first, and do not change their
-    weights afterwards.
+    weights afterwards. torch has no XLA: there `function` runs as it is, eagerly
+    (a test of what only XLA does is marked `xla`, and skipped on torch).
     """
+    if keras.backend.backend() == "torch":
+        return function
     return _support._compile(function)
 
 
@@ -199,4 +207,4 @@ def check_fully_masked_rows(layer, inputs, empty_example, *, jit=False, **call_k
     testing.assert_fully_masked_rows_safe(
         layer, inputs, empty=empty_example, call_kwargs=call_kwargs, jit_compile=jit
     )
-    assert layer(**inputs, **call_kwargs).dtype == layer.compute_dtype
+    assert dtype_of(layer(**inputs, **call_kwargs)) == layer.compute_dtype

@@ -7,7 +7,7 @@ import pytest
 import keras_attn
 from keras_attn import ops
 from keras_attn.kernels.chunked import block_size_for, chunked_attention
-from layer_checks import compiled, value_and_grads
+from layer_checks import compiled, dtype_of, value_and_grads
 from numpy_reference import attend, causal, scaled_dot_scores
 
 rng = np.random.default_rng(0)
@@ -98,7 +98,7 @@ def test_low_precision_inputs_close_to_dense(policy_dtype):
     mask = keras.ops.convert_to_tensor(rng.random((2, 1, 37, 45)) > 0.3)
     out_c, _ = chunked_attention(q, k, v, mask, is_causal=True, block_size=16)
     out_d = ops.attention(q, k, v, mask=mask, is_causal=True)[0]
-    assert out_c.dtype == policy_dtype
+    assert dtype_of(out_c) == policy_dtype
     np.testing.assert_allclose(np_(out_c), np_(out_d), atol=3e-2)
     # Against float32 math on the same (rounded) inputs: the accumulators are float32.
     q32, k32, v32 = (keras.ops.cast(x, "float32") for x in (q, k, v))

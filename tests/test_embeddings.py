@@ -115,7 +115,7 @@ def test_token_and_position_regularizer_and_rank_3_ids():
     out = to_numpy(layer(ids))
     assert out.shape == (3, 2, 7, 6) and len(layer.losses) == 1
     table = to_numpy(layer.token_embedding.embeddings)
-    np.testing.assert_allclose(float(layer.losses[0]), 0.1 * np.sum(table**2), rtol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer.losses[0]), 0.1 * np.sum(table**2), rtol=1e-5)
     np.testing.assert_allclose(
         out, table[ids] + to_numpy(layer.position_embedding.position_embeddings)[:7], atol=1e-6
     )

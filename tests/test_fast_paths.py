@@ -95,7 +95,7 @@ def test_fused_low_precision_gradients_as_close_to_float32_as_the_reference(dtyp
     exact = value_and_grads(reference(mask, True), q32, k32, v32, cotangent)
     low_ref = value_and_grads(reference(mask, True), q, k, v, cotangent)
     low_fused = value_and_grads(fused(mask, True), q, k, v, cotangent)
-    assert fused_attention(q, k, v)[0].dtype == dtype
+    assert layer_checks.dtype_of(fused_attention(q, k, v)[0]) == dtype
     for e, r, f in zip([exact[0], *exact[1]], [low_ref[0], *low_ref[1]],
                        [low_fused[0], *low_fused[1]], strict=True):  # fmt: skip
         error_ref, error_fused = np.abs(r - e).max(), np.abs(f - e).max()
@@ -177,7 +177,7 @@ def test_projection_equals_einsum_dense(
     results = []
     for layer in (ours, theirs):
         y, grads = layer_checks.value_and_grads(layer, [x], layer.trainable_weights)
-        assert y.dtype == layer.compute_dtype
+        assert layer_checks.dtype_of(y) == layer.compute_dtype
         results.append([np_(t) for t in [y, *grads]])
     atol = 1e-4 if policy == "float32" else 0.05
     for a, b in zip(*results, strict=True):

@@ -108,6 +108,7 @@ def test_sample_decode_is_reproducible_and_reduces_to_greedy():
         assert np.all(row[:cut] > 0) and np.all(row[cut:] == 0)
 
 
+@pytest.mark.tensorflow_only  # a tf.function
 def test_sample_decode_runs_in_a_tf_function_with_the_same_draws():
     model = small_transformer()
     source = padded_tokens(rng, 3, 8, 12)

@@ -179,7 +179,7 @@ def chunked_attention(
         bias=bias,
         num_heads=bias_lib.num_heads_of(query),
     )
-    q = query * ops.cast(scale, query.dtype)  # scaling Tq * dk values, not Tq * Tv
+    q = ops.multiply(query, ops.cast(scale, query.dtype))  # scaling Tq * dk values, not Tq * Tv
     return _attend(q, key, value, flag, blocks), None
 
 

@@ -93,9 +93,8 @@ def dense_attention(
         zeroed too, so a masked NaN key is in no gradient (`dQ = dS K`).
     """
     value, key, flag = finite.zero_nonfinite(value, key)
-    q = query * ops.cast(
-        default_scale(query, scale), query.dtype
-    )  # Tq * dk multiplies, not Tq * Tv
+    # Tq * dk multiplies, not Tq * Tv (ops.multiply: `query` may be a NumPy array)
+    q = ops.multiply(query, ops.cast(default_scale(query, scale), query.dtype))
     scores = ops.matmul(q, swap_last(key))  # (..., Tq, Tv)
     query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
     positions = masks.position_mask(query_length, value_length, is_causal, window, query_start)

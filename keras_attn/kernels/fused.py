@@ -75,7 +75,7 @@ def fused_attention(
     query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
     positions = masks.position_mask(query_length, value_length, is_causal, window, query_start)
     mask = masks.merge_masks(mask, positions)
-    q = query * ops.cast(default_scale(query, scale), query.dtype)  # Tq * dk values, not Tq * Tv
+    q = ops.multiply(query, ops.cast(default_scale(query, scale), query.dtype))  # Tq * dk values
     value, key, flag = finite.zero_nonfinite(value, key)
     if bias is not None:
         bias = bias.full(
@@ -114,7 +114,7 @@ def _attend(q, k, v, mask, flag, bias=None):
             d_out = ops.cast(d_out, v.dtype)
             d_v = ops.matmul(swap_last(probs_low), d_out)
             d_probs = ops.cast(ops.matmul(d_out, swap_last(v_)), "float32")
-            if v.dtype == "float32":
+            if ops.dtype(v) == "float32":  # a name: `v.dtype` is torch.float32 on torch
                 delta = ops.sum(d_out * out, axis=-1, keepdims=True)  # (..., Tq, 1)
             else:  # rounded dP: subtract its own weighted mean, as the softmax gradient does
                 delta = ops.sum(d_probs * probs, axis=-1, keepdims=True)

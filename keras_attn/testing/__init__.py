@@ -33,14 +33,17 @@ the same first arguments:
 - `jit_compile=True` runs each call compiled with XLA: `tf.function(jit_compile=True)`
   on the TensorFlow backend, `jax.jit` on JAX (the variables of a layer or
   model `fn` passed in, through a `keras.StatelessScope`); the checks run on
-  one `fn` with the same `call_kwargs` share the compilations.
+  one `fn` with the same `call_kwargs` share the compilations. torch has no XLA:
+  there `jit_compile=True` raises `ValueError`, and `assert_paths_agree` and
+  `assert_cached_decoding_agrees` run their eager paths only by default.
 
 A layer's non-trainable state (its seed generators, ...) is put back before
 every call, so with `training=True` seeded dropout draws the same randomness
 each time and the comparisons stay exact. Tolerances default to `1e-5`
 (absolute and relative), `1e-2` for float16 outputs and `5e-2` for bfloat16.
-The checks run on the TensorFlow and JAX backends; TensorFlow (or JAX) is
-imported only by what needs it (SavedModel, gradients, XLA).
+The checks run on the TensorFlow, JAX and torch backends (gradients with
+`torch.autograd` there); TensorFlow (or JAX, or torch) is imported only by what
+needs it (SavedModel, gradients, XLA).
 """
 
 from keras_attn.testing.differential import assert_cached_decoding_agrees, assert_paths_agree

@@ -102,13 +102,23 @@ def _compiled_call(fn, call_kwargs):
     return cache[key]
 
 
-def _backend(what):
+_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "torch"}
+
+
+def _backend(what, backends=("tensorflow", "jax", "torch")):
+    """The Keras backend's name; `ValueError` unless it is one of `backends`."""
     backend = keras.backend.backend()
-    if backend not in ("tensorflow", "jax"):
-        raise ValueError(
-            f"{what} needs the TensorFlow or the JAX backend. Received: backend={backend!r}"
-        )
+    if backend not in backends:
+        names = " or the ".join(_NAMES[b] for b in backends)
+        raise ValueError(f"{what} needs the {names} backend. Received: backend={backend!r}")
     return backend
+
+
+def _jit_modes(jit_compile):
+    """`jit_compile` as a tuple; `None`: eager and XLA, eager only on torch (no XLA)."""
+    if jit_compile is None:
+        return (False,) if keras.backend.backend() == "torch" else (False, True)
+    return tuple(jit_compile)
 
 
 def _compile(function, variables=()):
@@ -119,7 +129,7 @@ def _compile(function, variables=()):
     compiled function sees their current values, and their updates (e.g. a
     seed generator's) are dropped instead of leaking tracers.
     """
-    if _backend("`jit_compile=True`") == "tensorflow":
+    if _backend("`jit_compile=True` (XLA)", ("tensorflow", "jax")) == "tensorflow":
         import tensorflow as tf
 
         return tf.function(function, jit_compile=True, reduce_retracing=True)
@@ -141,10 +151,17 @@ def _value_and_gradients(function, sources, variables, loss, jit_compile=False):
     The gradients are with respect to `sources` (float tensors), then
     `variables` (Keras variables): `tf.GradientTape` on TensorFlow,
     `jax.value_and_grad` on JAX (the variables mapped in a
-    `keras.StatelessScope`). `jit_compile` compiles the whole step with XLA.
+    `keras.StatelessScope`), `torch.autograd.grad` on torch (a variable or source
+    the loss does not depend on gets `None`, as on TensorFlow). `jit_compile`
+    compiles the whole step with XLA (TensorFlow and JAX only).
     """
     variables = list(variables)
-    if _backend("Taking gradients") == "tensorflow":
+    backend = _backend("Taking gradients")
+    if backend == "torch":
+        if jit_compile:
+            _backend("`jit_compile=True` (XLA)", ("tensorflow", "jax"))
+        return _torch_value_and_gradients(function, sources, variables, loss)
+    if backend == "tensorflow":
         import tensorflow as tf
 
         def step(*sources):
@@ -166,6 +183,21 @@ def _value_and_gradients(function, sources, variables, loss, jit_compile=False):
     step = jax.jit(step) if jit_compile else step
     (_, outputs), (d_sources, d_variables) = step(list(sources), [v.value for v in variables])
     return outputs, list(d_sources) + list(d_variables)
+
+
+def _torch_value_and_gradients(function, sources, variables, loss):
+    import torch
+
+    sources = [keras.ops.convert_to_tensor(s).detach().requires_grad_(True) for s in sources]
+    outputs = function(*sources)
+    value = loss(outputs)
+    # Only what requires a gradient goes to autograd; the rest gets `None` (as when the
+    # loss does not depend on anything that does: a constant output).
+    wanted = sources + [v.value for v in variables]
+    used = [t.requires_grad and value.requires_grad for t in wanted]
+    found = [t for t, use in zip(wanted, used, strict=True) if use]
+    grads = iter(torch.autograd.grad(value, found, allow_unused=True) if found else ())
+    return outputs, [next(grads) if use else None for use in used]
 
 
 def _flatten(outputs):

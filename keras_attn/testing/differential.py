@@ -16,6 +16,7 @@ from keras_attn.testing._support import (
     _float64,
     _freeze,
     _is_float,
+    _jit_modes,
     _marks,
     _to_numpy,
     _tolerance,
@@ -146,7 +147,7 @@ def assert_paths_agree(
     reference: Mapping[str, Any] | None = None,
     policies: Sequence[str] = POLICIES,
     contents: Sequence[str] = CONTENTS,
-    jit_compile: Sequence[bool] = (False, True),
+    jit_compile: Sequence[bool] | None = None,
     gradients: bool = True,
     output_mask: Any = None,
     zero_rows: Any = None,
@@ -176,7 +177,8 @@ def assert_paths_agree(
         variants, reference: constructor overrides, one per family of paths
             (`{"implementation": "fused"}`); the reference's.
         policies, contents, jit_compile: the paths' dtype policies; what the
-            padded steps hold, one run each; `False` (eager) and/or `True`.
+            padded steps hold, one run each; `False` (eager) and/or `True`
+            (XLA). `None`: both, eager only on torch (which has no XLA).
         gradients: check the gradients too.
         output_mask: bool `(B, T)` or an input's name: outputs with leading
             axes `(B, T)` are compared where it is `True` (a residual block's
@@ -257,7 +259,7 @@ def assert_paths_agree(
     for overrides in variants:
         variant = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "default"
         for policy in policies:
-            for jit in jit_compile:
+            for jit in _jit_modes(jit_compile):
                 path, step = _path(layer, overrides, policy, tensors("zeros"), floats, kwargs, jit)
                 for content in contents if marks else ("no",):
                     sources = tensors(content, path.compute_dtype)
@@ -310,7 +312,7 @@ def assert_cached_decoding_agrees(
     encoder_sequence: Any = None,
     encoder_padding_mask: Any = None,
     contents: Sequence[str] = CONTENTS,
-    jit_compile: Sequence[bool] = (False, True),
+    jit_compile: Sequence[bool] | None = None,
     atol: float | None = None,
 ) -> None:
     """Asserts that a padded prefill, then one step at a time, gives the full causal pass.
@@ -377,7 +379,7 @@ def assert_cached_decoding_agrees(
     clean, source_clean = padded("zeros")
     expected = [_to_numpy(call(clean, m, None, None, source_clean, sm))]
     tol = _tolerance(atol, [keras.backend.standardize_dtype(dtype)])
-    for jit in jit_compile:
+    for jit in _jit_modes(jit_compile):
         run = _compile(call, layer.variables) if jit else call
         index = (lambda i: as_tensor(np.int32(i))) if jit else (lambda i: i)
         for content in contents:

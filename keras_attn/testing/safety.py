@@ -38,8 +38,8 @@ def assert_fully_masked_rows_safe(
     empty rows must be exactly zero (not an average over padding); the
     gradients of `sum(outputs ** 2)` with respect to every float input and
     every trainable weight must be finite (`where(mask, softmax(...), 0)`
-    alone is zero forward and NaN backward). Gradients need the TensorFlow
-    or the JAX backend.
+    alone is zero forward and NaN backward). Gradients are taken on the
+    TensorFlow, JAX and torch backends.
 
     Args:
         fn, inputs, call_kwargs, jit_compile: see the module docstring.
