@@ -27,6 +27,10 @@ if WORKERS > 1 and keras.backend.backend() == "tensorflow":
     # This process only: the subprocesses tests start keep TensorFlow's defaults.
     tf.config.threading.set_intra_op_parallelism_threads(THREADS)
     tf.config.threading.set_inter_op_parallelism_threads(THREADS)
+elif WORKERS > 1 and keras.backend.backend() == "torch":
+    import torch
+
+    torch.set_num_threads(THREADS)
 
 
 def pytest_configure(config):
