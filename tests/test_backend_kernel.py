@@ -153,6 +153,24 @@ def test_hostile_masked_keys_and_values_change_nothing(content):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float16_logit_overflow_at_a_causally_masked_key_gets_no_weight(with_bias):
+    """A key that later rows see (so not zeroed as padding) and whose logit overflows float16
+    for an earlier row, for which the causal mask hides it: that row still sees only its own
+    keys. (Keras' torch op adds a large negative, -45852 in float16, to masked logits.)"""
+    q, k, v = (x.astype("float16") for x in qkv(tq=4, tv=4, lead=(1, 2), dk=8, dv=8))
+    k[..., 3, :] = 200.0  # q . k = 200 * 200 * 8 for row 0: inf in float16
+    q[..., 0, :] = 200.0
+    mask = np.array([True, False, True, True])[None, None, None, :]  # key 1 is padding
+    bias = (np.zeros((1, 2, 4, 4), "float32"),) if with_bias else ()
+    out = np_(path("backend", mask=mask, is_causal=True)(q, k, v, *bias))
+    # Row 0 sees key 0 only; row 2 keys 0 and 2 (NumPy, in float64 from the float16 inputs).
+    np.testing.assert_allclose(out[..., 0, :], v[..., 0, :].astype("float32"), atol=1e-3)
+    scores = scaled_dot_scores(*(x.astype("float64") for x in (q, k)))
+    ref = attend(scores, v.astype("float64"), causal(4, 4) & mask)[0]
+    np.testing.assert_allclose(out[..., :3, :], ref[..., :3, :], atol=2e-2)
+
+
 def test_nonfinite_visible_key_makes_the_rows_that_see_it_nan():
     q, k, v = qkv(tq=9, tv=9)
     v[0, 1, 4, 2] = np.nan  # visible to rows 4.. of head 1 under the causal mask

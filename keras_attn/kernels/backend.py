@@ -20,8 +20,11 @@ it there). Around the call it keeps what every kernel guarantees:
   and the rows whose mask lets them see it are set to NaN (without the
   weights, "sees" is the mask: a weight that underflows to 0 still counts);
 - a bias (tensors and position biases, `keras_attn.kernels.bias`) is
-  evaluated whole and passed as Keras' `bias=`, with the mask folded into it
-  (torch's SDPA takes one or the other); its gradient is the backend's.
+  evaluated whole and passed as Keras' `bias=`; on torch (whose SDPA takes a
+  mask or a bias) with the mask folded into it; its gradient is the backend's;
+- on torch, where Keras adds the mask to the logits (a large negative)
+  rather than replacing them, float16 inputs with a mask or a bias are
+  computed in float32, so a masked logit that overflowed float16 cannot win.
 
 Keras' layout is `(B, T, N, H)`, ours `(..., T, d)`: the kernel transposes
 `(B, N, T, H)` in and out (rank 3 gains a heads axis of 1, more leading axes
@@ -175,6 +178,10 @@ def _same_widths(query, key, value):
     return query, key, pad(value, dk)
 
 
+def _is_float16(x):
+    return keras.backend.standardize_dtype(x.dtype) == "float16"
+
+
 def _large_negative(dtype):
     """A fill for masked logits that stays finite when added to once more (Keras' choice)."""
     return -0.7 * float(np.finfo(keras.backend.standardize_dtype(dtype)).max)
@@ -232,6 +239,12 @@ def backend_attention(
         some_query = swap_last(ops.any(mask, axis=-2, keepdims=True))  # (..., Tv, 1)
         key, value = (ops.where(some_query, x, ops.zeros_like(x)) for x in (key, value))
     rank = len(query.shape)
+    torch = keras.backend.backend() == "torch"
+    q, k, v = query, key, value
+    if torch and (mask is not None or bias is not None) and _is_float16(query):
+        # Keras' torch op adds its mask to the logits (a large negative, -45852 in float16):
+        # a masked logit that overflowed float16 would still win. In float32 it cannot.
+        q, k, v = (ops.cast(x, "float32") for x in (q, k, v))
     full_bias = None
     if bias is not None:
         full_bias = bias.full(
@@ -239,11 +252,11 @@ def backend_attention(
             bias_lib.key_positions(value_length),
             bias_lib.num_heads_of(query),
         )
-        if mask is not None:  # one of mask and bias (SDPA's rule): the mask folded in
-            full_bias = ops.where(mask, full_bias, _large_negative(query.dtype))
+        if mask is not None and torch:  # one of mask and bias (SDPA's rule): the mask folded in
+            full_bias = ops.where(mask, full_bias, _large_negative(q.dtype))
             mask = None
         full_bias = _grid_to_keras(full_bias, rank, query)
-    q, k, v = _same_widths(query, key, value)
+    q, k, v = _same_widths(q, k, v)
     out = ops.dot_product_attention(
         _to_keras(q, rank),
         _to_keras(k, rank),
