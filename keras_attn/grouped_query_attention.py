@@ -1,7 +1,11 @@
 """`GroupedQueryAttention`: Keras' names for `MultiHeadAttention` with fewer key/value heads."""
 
+from collections.abc import Callable
+from typing import Any
+
 import keras
 
+from keras_attn._typing import InitializerLike, RegularizerLike
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.multi_head_shapes import check_size
 
@@ -74,22 +78,22 @@ class GroupedQueryAttention(MultiHeadAttention):
 
     def __init__(
         self,
-        head_dim,
-        num_query_heads,
-        num_key_value_heads,
-        dropout=0.0,
-        use_bias=True,
-        sliding_window=None,
-        flash_attention=None,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        bias_constraint=None,
-        use_gate=False,
-        seed=None,
+        head_dim: int,
+        num_query_heads: int,
+        num_key_value_heads: int,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        sliding_window: int | None = None,
+        flash_attention: bool | None = None,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
+        kernel_regularizer: RegularizerLike | None = None,
+        bias_regularizer: RegularizerLike | None = None,
+        activity_regularizer: RegularizerLike | None = None,
+        kernel_constraint: str | Callable[..., Any] | None = None,
+        bias_constraint: str | Callable[..., Any] | None = None,
+        use_gate: bool = False,
+        seed: int | None = None,
         **kwargs,
     ):
         self.head_dim = check_size("head_dim", head_dim)

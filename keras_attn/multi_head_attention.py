@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
+from keras_attn._typing import Length, TensorLike
 from keras_attn.arguments import check_dim, check_rank
 from keras_attn.base import prepare_query
 from keras_attn.cache import KVCache, as_kv_cache, write
@@ -191,19 +192,19 @@ class MultiHeadAttention(MultiHeadProjections):
 
     def call(
         self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        cache=None,
-        cache_update_index=None,
-        attention_bias=None,
+        query: TensorLike,
+        value: TensorLike | None = None,
+        key: TensorLike | None = None,
+        query_mask: TensorLike | None = None,
+        value_mask: TensorLike | None = None,
+        key_mask: TensorLike | None = None,
+        attention_mask: TensorLike | None = None,
+        return_attention_scores: bool = False,
+        training: bool | None = None,
+        use_causal_mask: bool = False,
+        cache: KVCache | TensorLike | None = None,
+        cache_update_index: Length | None = None,
+        attention_bias: TensorLike | None = None,
     ):
         if self._flash_attention and return_attention_scores:
             raise ValueError(_FLASH_SCORES)

@@ -7,10 +7,14 @@ ours), builds the projections in Keras' order and layout (so that
 for every argument.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import keras
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
+from keras_attn._typing import InitializerLike, RegularizerLike
 from keras_attn.arguments import (
     check_dim,
     check_rank,
@@ -43,29 +47,29 @@ class MultiHeadProjections(QueryMaskOutput, keras.layers.Layer):
 
     def __init__(
         self,
-        num_heads,
-        key_dim,
-        value_dim=None,
-        dropout=0.0,
-        use_bias=True,
-        output_shape=None,
-        attention_axes=None,
-        sliding_window=None,
-        flash_attention=None,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        activity_regularizer=None,
-        kernel_constraint=None,
-        bias_constraint=None,
-        use_gate=False,
-        seed=None,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        output_shape: int | tuple[int, ...] | None = None,
+        attention_axes: int | tuple[int, ...] | None = None,
+        sliding_window: int | None = None,
+        flash_attention: bool | None = None,
+        kernel_initializer: InitializerLike = "glorot_uniform",
+        bias_initializer: InitializerLike = "zeros",
+        kernel_regularizer: RegularizerLike | None = None,
+        bias_regularizer: RegularizerLike | None = None,
+        activity_regularizer: RegularizerLike | None = None,
+        kernel_constraint: str | Callable[..., Any] | None = None,
+        bias_constraint: str | Callable[..., Any] | None = None,
+        use_gate: bool = False,
+        seed: int | None = None,
         *,
-        num_key_value_heads=None,
-        rotary_embedding=None,
-        implementation="auto",
-        position_bias=None,
+        num_key_value_heads: int | None = None,
+        rotary_embedding: keras.layers.Layer | None = None,
+        implementation: str = "auto",
+        position_bias: keras.layers.Layer | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)

@@ -21,6 +21,7 @@ import math
 import numpy as np
 from keras import ops, random
 
+from keras_attn._typing import Length, TensorLike
 from keras_attn.kernels import KERNELS, finite, masked_softmax
 from keras_attn.kernels import backend as kernel_backend
 from keras_attn.kernels import bias as kernel_bias
@@ -216,14 +217,14 @@ def _dropout_active(rate, training):
 
 
 def choose_implementation(
-    implementation,
-    scores_shape,
-    dropout_rate,
-    training,
-    return_weights,
-    flash_attention=None,
-    position_bias=False,
-):
+    implementation: str,
+    scores_shape: tuple,
+    dropout_rate: float,
+    training: bool | None,
+    return_weights: bool,
+    flash_attention: bool | None = None,
+    position_bias: bool = False,
+) -> str:
     """The one choice of a kernel: `"dense"`, `"fused"`, `"chunked"` or `"backend"`.
 
     Args:
@@ -285,22 +286,22 @@ def choose_implementation(
 
 
 def attention(
-    query,
-    key,
-    value,
-    mask=None,
-    is_causal=False,
-    dropout_rate=0.0,
-    scale=None,
-    training=False,
-    seed=None,
-    implementation="auto",
-    return_weights=True,
-    query_start=None,
-    window=None,
-    bias=None,
-    flash_attention=None,
-):
+    query: TensorLike,
+    key: TensorLike,
+    value: TensorLike,
+    mask: TensorLike | None = None,
+    is_causal: bool = False,
+    dropout_rate: float = 0.0,
+    scale: float | None = None,
+    training: bool | None = False,
+    seed: int | random.SeedGenerator | None = None,
+    implementation: str = "auto",
+    return_weights: bool = True,
+    query_start: Length | None = None,
+    window: int | None = None,
+    bias: TensorLike | tuple | None = None,  # a tensor, a PositionBias layer, or a tuple
+    flash_attention: bool | None = None,
+) -> tuple[TensorLike, TensorLike | None]:
     """Scaled dot-product attention `softmax(q k^T * scale + bias) v`, masks included.
 
     The one place that chooses a kernel (`keras_attn.kernels`); every layer
