@@ -35,3 +35,18 @@ def test_a_users_models_package_and_the_zoo_coexist(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
+
+
+def test_the_installed_command_starts_without_tensorflow_notices(tmp_path):
+    """`bin/keras-attn` (what pip installs) hides TensorFlow's start-up lines (oneDNN, CUDA,
+    CPU features), which TensorFlow prints while it loads unless its log level is set."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = ROOT
+    completed = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bin", "keras-attn"), "list"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "transformer-reverse" in completed.stdout
+    for notice in ("oneDNN", "cuda", "cpu_feature_guard", "absl::InitializeLog"):
+        assert notice not in completed.stderr, completed.stderr[-2000:]
