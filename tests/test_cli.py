@@ -55,9 +55,16 @@ def test_list_names_every_task(capsys):
     "task,dataset,metric",
     [
         ("transformer-reverse", "keras_attn_seq2seq/tiny-reverse", "exact_match"),
-        ("rnn-attention-reverse", "keras_attn_seq2seq/tiny-copy", "exact_match"),
+        pytest.param(
+            "rnn-attention-reverse",
+            "keras_attn_seq2seq/tiny-copy",
+            "exact_match",
+            marks=pytest.mark.slow,
+        ),
         ("pointer-sort", "keras_attn_sorting/tiny", "sequence_accuracy"),
-        ("pointer-hull", "keras_attn_convex_hull/tiny", "area_coverage"),
+        pytest.param(
+            "pointer-hull", "keras_attn_convex_hull/tiny", "area_coverage", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_train_end_to_end_on_a_tiny_local_dataset(task, dataset, metric, tmp_path, capsys):
@@ -79,6 +86,7 @@ def test_train_end_to_end_on_a_tiny_local_dataset(task, dataset, metric, tmp_pat
     assert (tmp_path / "out" / f"{task}_attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # trains end to end (CI time: issue 17)
 @pytest.mark.parametrize(
     "task",
     ["imdb-transformer", "imdb-han", pytest.param("ted-translate", marks=pytest.mark.slow)],
@@ -194,6 +202,7 @@ def test_help_says_where_the_outputs_go_and_the_defaults(capsys):
     assert re.search(r"transformer-reverse .*default: 5 epochs over 20,000 examples", out)
 
 
+@pytest.mark.slow  # trains end to end (CI time: issue 17)
 def test_epochs_are_the_users_not_the_checkpoint_chunks(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(pointer, "CHUNK", 3)  # 8 steps in chunks of 3: 3 Keras epochs
     status, out, _ = run(
@@ -214,6 +223,7 @@ def test_epochs_are_the_users_not_the_checkpoint_chunks(tmp_path, capsys, monkey
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} ", re.MULTILINE)  # I1201 12:00:00.0 file.cc:1] ...
 
 
+@pytest.mark.slow  # trains end to end (CI time: issue 17)
 def test_a_default_run_shows_progress_metrics_and_outputs_only(tmp_path):
     out = run_command(
         tmp_path, "train", "pointer-sort", "--dataset", "keras_attn_sorting/tiny",

@@ -115,6 +115,7 @@ def test_imdb_classifier(examples, mock_imdb, tmp_path, capsys):
     assert logits.shape == (2, 2) and np.all(np.isfinite(logits))
 
 
+@pytest.mark.slow  # an example end to end (CI time: issue 17)
 def test_imdb_han(examples, mock_imdb, tmp_path, capsys):
     han = examples["imdb_han"]
     sentences = han.split_sentences(tf.constant([REVIEWS[0][0], REVIEWS[2][0], ""]))
@@ -132,6 +133,7 @@ def test_imdb_han(examples, mock_imdb, tmp_path, capsys):
     check_png(plot)
 
 
+@pytest.mark.slow  # an example end to end (CI time: issue 17)
 def test_translate_transformer_on_ted(examples, mock_ted, tmp_path, capsys):
     out, plot = tmp_path / "out", tmp_path / "alignment.png"
     argv = ["--smoke", "--dataset", "ted_hrlr_translate/pt_to_en", "--export", str(out)]
@@ -150,6 +152,7 @@ def test_translate_transformer_on_ted(examples, mock_ted, tmp_path, capsys):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # an example end to end (CI time: issue 17)
 def test_translate_rnn_defaults_to_the_generated_task_offline(
     examples, generated_dir, tmp_path, capsys
 ):
@@ -164,6 +167,7 @@ def test_translate_rnn_defaults_to_the_generated_task_offline(
     check_png(plot)
 
 
+@pytest.mark.slow  # an example end to end (CI time: issue 17)
 @pytest.mark.parametrize("task", ["sort", "hull"])
 def test_pointer(examples, generated_dir, tmp_path, capsys, task):
     out, plot = tmp_path / "out", tmp_path / "pointer.png"

@@ -33,6 +33,7 @@ def test_at_time_reads_the_curve_within_a_budget():
     assert rnn_attention.at_time(curve, 0.5) is None
 
 
+@pytest.mark.slow  # the command end to end (CI time: issue 17)
 def test_rnn_attention_command_end_to_end(tmp_path):
     output, plot = tmp_path / "rnn.json", tmp_path / "rnn.png"
     argv = [
@@ -67,6 +68,7 @@ def test_han_ablation_summary():
     assert spread == pytest.approx(0.02)
 
 
+@pytest.mark.slow  # the command end to end (CI time: issue 17)
 def test_han_ablation_command_end_to_end(tmp_path, capsys):
     output = tmp_path / "han.json"
     argv = [
