@@ -181,7 +181,16 @@ def test_argument_errors():
 # -- Selection through ops.attention ------------------------------------------
 
 
-def test_auto_threshold_counts_the_scores():
+@pytest.fixture
+def our_kernels(monkeypatch):
+    """ "auto" among our own kernels, as on TensorFlow: where the backend kernel is preferred
+    (torch, a GPU) it would be chosen first (tests/test_backend_kernel.py tests that)."""
+    from keras_attn.kernels import backend as kernel_backend
+
+    monkeypatch.setattr(kernel_backend, "preferred", lambda: False)
+
+
+def test_auto_threshold_counts_the_scores(our_kernels):
     def choose(implementation, shape, rate, training, weights=False):
         return ops.choose_implementation(implementation, shape, rate, training, weights)
 
@@ -200,7 +209,7 @@ def test_auto_threshold_counts_the_scores():
             choose(name, (1, 1, 4, 4), 0.0, False, weights=True)
 
 
-def test_ops_attention_implementation_argument(monkeypatch):
+def test_ops_attention_implementation_argument(monkeypatch, our_kernels):
     q, k, v = qkv()
     out, weights = ops.attention(
         q, k, v, is_causal=True, implementation="chunked", return_weights=False
@@ -342,7 +351,7 @@ def record_kernels(monkeypatch):
     return chosen
 
 
-def test_mha_auto_selection(monkeypatch):
+def test_mha_auto_selection(monkeypatch, our_kernels):
     layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)
     assert layer.get_config()["implementation"] == "auto"
     chosen = record_kernels(monkeypatch)

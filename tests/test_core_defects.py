@@ -83,7 +83,9 @@ def test_mixed_float16_mha_default_path_equals_the_weights_path_with_huge_paddin
         t(x), t(x), query_mask=t(mask), value_mask=t(mask), return_attention_scores=True
     )
     assert np.all(np.isfinite(fast))
-    np.testing.assert_allclose(fast, np_(slow), atol=1e-2)
+    # rtol: on torch the default path is the backend kernel, computed in float32 there (a mask
+    # in float16), while the weights path rounds its weights to float16 (about 1e-2 apart).
+    np.testing.assert_allclose(fast, np_(slow), atol=1e-2, rtol=1e-2)
     assert np.all(fast[1, 3:] == 0)
 
 

@@ -226,7 +226,12 @@ def backend_attention(
     query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
     if _static(value_length) == 0:  # no key: zeros, as every kernel gives them
         return ops.matmul(ops.zeros_like(query[..., :0]), value), None
-    native = _native_causal(is_causal, query_length, value_length, query_start, window)
+    torch = keras.backend.backend() == "torch"
+    # Keras' torch op passes a bias to SDPA as its mask, which SDPA refuses next to is_causal:
+    # there the causal mask goes in folded into the bias.
+    native = _native_causal(is_causal, query_length, value_length, query_start, window) and not (
+        torch and bias is not None
+    )
     positions = masks.position_mask(
         query_length, value_length, is_causal and not native, window, query_start
     )
@@ -239,7 +244,6 @@ def backend_attention(
         some_query = swap_last(ops.any(mask, axis=-2, keepdims=True))  # (..., Tv, 1)
         key, value = (ops.where(some_query, x, ops.zeros_like(x)) for x in (key, value))
     rank = len(query.shape)
-    torch = keras.backend.backend() == "torch"
     q, k, v = query, key, value
     if torch and (mask is not None or bias is not None) and _is_float16(query):
         # Keras' torch op adds its mask to the logits (a large negative, -45852 in float16):
