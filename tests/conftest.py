@@ -1,5 +1,7 @@
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -11,12 +13,31 @@ sys.path.insert(0, os.path.dirname(__file__))
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 THREADS = max(1, (CPUS or 1) // WORKERS)
+XLA_FLAGS = []
 if WORKERS > 1:
-    os.environ.setdefault(
-        "XLA_FLAGS",
-        f"--xla_cpu_multi_thread_eigen={str(THREADS > 1).lower()} "
+    XLA_FLAGS += [
+        f"--xla_cpu_multi_thread_eigen={str(THREADS > 1).lower()}",
         f"intra_op_parallelism_threads={THREADS}",
-    )
+    ]
+# On JAX every eager loop (the chunked kernel's fori_loop) and custom gradient compiles anew,
+# and most of the suite's time there is XLA compiling small programs (41 ms each, 364 of them
+# in one MHA test). Two things cut it (measured on three test files, 2 workers: 250 s -> 147 s):
+# LLVM at optimization level 0 (XLA's own HLO passes, fusion included, still run: the same
+# programs, compiled with less effort) and a persistent compilation cache for the run, shared
+# by the workers and the subprocesses tests start, which serves a program compiled before
+# (keyed by its HLO, so a re-traced loop with the same shapes is a hit). Not on TensorFlow:
+# the same flag gave its XLA tests nothing. A user's own XLA_FLAGS / JAX_COMPILATION_CACHE_DIR
+# are kept as they are.
+MADE_JAX_CACHE = None  # the directory this process made (and removes at the end)
+if os.environ["KERAS_BACKEND"] == "jax":
+    XLA_FLAGS.append("--xla_backend_optimization_level=0")
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process makes it; workers inherit
+        MADE_JAX_CACHE = tempfile.mkdtemp(prefix="keras-attn-jax-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = MADE_JAX_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+if XLA_FLAGS:
+    os.environ.setdefault("XLA_FLAGS", " ".join(XLA_FLAGS))
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -45,6 +66,11 @@ def pytest_configure(config):
         "jax.jit); skipped on torch, which has no XLA. A test parametrized with `jit=True` "
         "counts as marked.",
     )
+
+
+def pytest_unconfigure(config):
+    if MADE_JAX_CACHE:
+        shutil.rmtree(MADE_JAX_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
