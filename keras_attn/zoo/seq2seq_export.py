@@ -92,8 +92,15 @@ def export_seq2seq(model, path, max_length, start_id, end_id=None):
             kwargs = {} if name == "serve" else {"jax2tf_kwargs": {"with_gradient": False}}
             archive.add_endpoint(name, fn, input_signature=[specs(tf.int64)[name]], **kwargs)
     else:
+        # `serving_default` calls the `greedy_decode` function: the decoding loop is traced
+        # (and stored in the SavedModel) once per dtype, not once per signature.
+        decode_function = tf.function(decode)
+        endpoints["greedy_decode"] = decode_function
+        endpoints["serving_default"] = lambda encoder_inputs: {
+            "tokens": decode_function(encoder_inputs)
+        }
         for name, fn in endpoints.items():
-            function = tf.function(fn)
+            function = fn if name == "greedy_decode" else tf.function(fn)
             # The first trace (int64) is the signature; int32 is traced for Python callers.
             for dtype in (tf.int64, tf.int32):
                 function.get_concrete_function(specs(dtype)[name])
