@@ -1,3 +1,5 @@
+import collections
+import json
 import os
 import shutil
 import sys
@@ -55,6 +57,8 @@ elif WORKERS > 1 and keras.backend.backend() == "torch":
 
 
 def pytest_configure(config):
+    if config.getoption("dist", "no") == "loadfile":  # the files in tests/conftest.py's order
+        config.option.loadscopereorder = False
     config.addinivalue_line(
         "markers",
         "tensorflow_only: needs the TensorFlow backend (tf.function graphs, SavedModel, tfds); "
@@ -73,7 +77,36 @@ def pytest_unconfigure(config):
         shutil.rmtree(MADE_JAX_CACHE, ignore_errors=True)
 
 
+def _step(config):
+    """The CI step this run is, for tests/durations.json: the backend, and `-slow` for `-m slow`."""
+    marks = config.getoption("markexpr", "") or ""
+    slow = "slow" in marks and "not slow" not in marks
+    return keras.backend.backend() + ("-slow" if slow else "")
+
+
+def _longest_files_first(config, items):
+    """Under xdist's `--dist loadfile`: the test files in the order of their measured time.
+
+    xdist hands each worker a file at a time, by default the files with the most tests first;
+    a file of one long test (the main job's, 160 s) then starts last while the other worker
+    idles. The measured seconds per file and CI step (tests/durations.json, written by
+    `.ci/durations.py` from `--durations=0` logs) order them longest first instead; a file
+    not measured counts 1 s per test. Within a file the order stays. Only the order changes.
+    """
+    path = os.path.join(os.path.dirname(__file__), "durations.json")
+    with open(path) as f:
+        seconds = json.load(f).get(_step(config), {})
+    counts = collections.Counter(item.path.name for item in items)
+    weight = {name: seconds.get(name, float(n)) for name, n in counts.items()}
+    first_seen = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(item.path.name, index)
+    items.sort(key=lambda item: (-weight[item.path.name], first_seen[item.path.name]))
+
+
 def pytest_collection_modifyitems(config, items):
+    if WORKERS > 1:  # an xdist worker (where `--dist` reads "no")
+        _longest_files_first(config, items)
     backend = keras.backend.backend()
     if backend == "tensorflow":
         return
