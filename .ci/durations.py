@@ -1,6 +1,7 @@
 """Writes tests/durations.json: each test file's measured time per CI step, from pytest logs.
 
-    python .ci/durations.py STEP LOG [STEP LOG ...]     # STEP: tensorflow, tensorflow-slow, jax, torch
+    python .ci/durations.py STEP LOG [STEP LOG ...]
+    # STEP: tensorflow (the quick run), tensorflow-slow (-m slow), jax, torch
 
 Each LOG is the output of a step run with `--durations=0`. tests/conftest.py sends the files
 to the xdist workers longest first (so that no long file starts last while the other worker
@@ -14,7 +15,8 @@ import re
 import sys
 
 LINE = re.compile(r"^([\d.]+)s (?:call|setup|teardown)\s+(tests/[^:]+)::", re.MULTILINE)
-PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "durations.json")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATH = os.path.join(ROOT, "tests", "durations.json")
 
 
 def main(argv):
@@ -24,7 +26,7 @@ def main(argv):
     if os.path.exists(PATH):
         with open(PATH) as f:
             table = json.load(f)
-    for step, log in zip(argv[::2], argv[1::2]):
+    for step, log in zip(argv[::2], argv[1::2], strict=True):
         seconds = collections.Counter()
         with open(log) as f:
             for match in LINE.finditer(f.read()):
