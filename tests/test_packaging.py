@@ -50,3 +50,31 @@ def test_the_installed_command_starts_without_tensorflow_notices(tmp_path):
     assert "transformer-reverse" in completed.stdout
     for notice in ("oneDNN", "cuda", "cpu_feature_guard", "absl::InitializeLog"):
         assert notice not in completed.stderr, completed.stderr[-2000:]
+
+
+def test_the_public_api_has_type_hints_that_resolve():
+    """Every parameter of the public functions, constructors and calls is annotated, and the
+    annotations resolve (`typing.get_type_hints`: a name not imported raises NameError)."""
+    import inspect
+    import typing
+
+    import keras_attn
+    from keras_attn import zoo
+
+    missing = []
+    for module in (keras_attn, zoo):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            methods = [getattr(obj, m) for m in ("__init__", "call") if hasattr(obj, m)]
+            for function in methods if inspect.isclass(obj) else [obj]:
+                if not getattr(function, "__module__", "").startswith("keras_attn"):
+                    continue  # inherited from Keras (a NamedTuple's __init__, ...)
+                hints = typing.get_type_hints(function)
+                for parameter in inspect.signature(function).parameters.values():
+                    plain = parameter.kind in (
+                        parameter.POSITIONAL_OR_KEYWORD,
+                        parameter.KEYWORD_ONLY,
+                    )
+                    if plain and parameter.name != "self" and parameter.name not in hints:
+                        missing.append(f"{name}: {function.__qualname__}({parameter.name})")
+    assert not missing, missing

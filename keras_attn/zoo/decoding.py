@@ -15,10 +15,13 @@ The pointer networks' decoding (`pointer_decode`, `polygon_decode`,
 no TensorFlow (only the export does).
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._typing import TensorLike
 from keras_attn.zoo.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
 from keras_attn.zoo.rnn_seq2seq import RNNDecodingSteps
 from keras_attn.zoo.sampling import check_sampling, greedy_tokens, sample_tokens
@@ -99,7 +102,7 @@ def register_decoding_steps(steps_class: type) -> type:
     return steps_class
 
 
-def decoding_steps(model: keras.Model):
+def decoding_steps(model: keras.Model) -> Any:
     """The decoding-steps object of a seq2seq model (see `register_decoding_steps`)."""
     for steps_class in _STEPS:
         if steps_class.matches(model):
@@ -111,7 +114,7 @@ def decoding_steps(model: keras.Model):
     )
 
 
-def check_lengths(max_length, start_id, end_id):
+def check_lengths(max_length: int, start_id: int, end_id: int | None) -> None:
     """`ValueError` unless `max_length` is a positive int and the token ids positive (or None)."""
     if not isinstance(max_length, int) or max_length <= 0:
         raise ValueError(f"`max_length` must be a positive integer. Received: {max_length!r}")
@@ -122,7 +125,14 @@ def check_lengths(max_length, start_id, end_id):
             )
 
 
-def greedy_decode(model, encoder_inputs, max_length, start_id, end_id=None, steps=None):
+def greedy_decode(
+    model: keras.Model,
+    encoder_inputs: TensorLike,
+    max_length: int,
+    start_id: int,
+    end_id: int | None = None,
+    steps: Any = None,
+) -> TensorLike:
     """Greedy decoding: `y_t = argmax_v p(v | y_<t, x)`, one cached step per token.
 
     Token 0 (padding) is never emitted before the end.
@@ -158,7 +168,7 @@ def greedy_decode(model, encoder_inputs, max_length, start_id, end_id=None, step
 
 def sample_decode(
     model: keras.Model,
-    encoder_inputs,
+    encoder_inputs: TensorLike,
     max_length: int,
     start_id: int,
     end_id: int | None = None,
@@ -166,8 +176,8 @@ def sample_decode(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
-    steps=None,
-):
+    steps: Any = None,
+) -> TensorLike:
     """Sampled decoding: `y_t ~ softmax(logits_t / temperature)`, truncated to top-k / top-p.
 
     The same cached steps as `greedy_decode`; each step draws its token with
@@ -254,8 +264,14 @@ def _length_penalty(length, alpha):
 
 
 def beam_search(
-    model, encoder_inputs, max_length, start_id, end_id, beam_width=4, length_penalty=0.6
-):
+    model: keras.Model,
+    encoder_inputs: TensorLike,
+    max_length: int,
+    start_id: int,
+    end_id: int,
+    beam_width: int = 4,
+    length_penalty: float = 0.6,
+) -> tuple[np.ndarray, np.ndarray]:
     """Beam search over cached decoding steps, ranking `log p(Y | x) / lp(|Y|)`.
 
     Keeps the `beam_width` best prefixes of every example; a prefix that

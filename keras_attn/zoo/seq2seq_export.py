@@ -12,7 +12,9 @@ from keras_attn.zoo.decoding import check_lengths, decoding_steps, greedy_decode
 from keras_attn.zoo.files import write_atomically
 
 
-def export_seq2seq(model, path, max_length, start_id, end_id=None):
+def export_seq2seq(
+    model: keras.Model, path: str, max_length: int, start_id: int, end_id: int | None = None
+) -> None:
     """Exports a seq2seq model as a SavedModel that decodes in its graph.
 
     Signatures (what TF Serving and converters see; int64 inputs, the dtype
