@@ -12,6 +12,8 @@ TensorLike = Any
 InitializerLike = str | dict[str, Any] | Callable[..., Any]
 # A regularizer: a Keras name ("l2"), a serialized config, a `keras.regularizers.Regularizer`.
 RegularizerLike = str | dict[str, Any] | Callable[..., Any]
+# A constraint: a Keras name ("non_neg"), a `keras.constraints.Constraint` or any callable.
+ConstraintLike = str | Callable[..., Any]
 # An activation: a Keras name ("relu", "gelu") or a callable.
 ActivationLike = str | Callable[..., Any]
 # A length, a position or an index: a Python int, or a scalar integer tensor (traced).

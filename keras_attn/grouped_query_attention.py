@@ -1,11 +1,8 @@
 """`GroupedQueryAttention`: Keras' names for `MultiHeadAttention` with fewer key/value heads."""
 
-from collections.abc import Callable
-from typing import Any
-
 import keras
 
-from keras_attn._typing import InitializerLike, RegularizerLike
+from keras_attn._typing import ConstraintLike, InitializerLike, RegularizerLike
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.multi_head_shapes import check_size
 
@@ -90,8 +87,8 @@ class GroupedQueryAttention(MultiHeadAttention):
         kernel_regularizer: RegularizerLike | None = None,
         bias_regularizer: RegularizerLike | None = None,
         activity_regularizer: RegularizerLike | None = None,
-        kernel_constraint: str | Callable[..., Any] | None = None,
-        bias_constraint: str | Callable[..., Any] | None = None,
+        kernel_constraint: ConstraintLike | None = None,
+        bias_constraint: ConstraintLike | None = None,
         use_gate: bool = False,
         seed: int | None = None,
         **kwargs,

@@ -7,14 +7,11 @@ ours), builds the projections in Keras' order and layout (so that
 for every argument.
 """
 
-from collections.abc import Callable
-from typing import Any
-
 import keras
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
-from keras_attn._typing import InitializerLike, RegularizerLike
+from keras_attn._typing import ConstraintLike, InitializerLike, RegularizerLike
 from keras_attn.arguments import (
     check_dim,
     check_rank,
@@ -61,8 +58,8 @@ class MultiHeadProjections(QueryMaskOutput, keras.layers.Layer):
         kernel_regularizer: RegularizerLike | None = None,
         bias_regularizer: RegularizerLike | None = None,
         activity_regularizer: RegularizerLike | None = None,
-        kernel_constraint: str | Callable[..., Any] | None = None,
-        bias_constraint: str | Callable[..., Any] | None = None,
+        kernel_constraint: ConstraintLike | None = None,
+        bias_constraint: ConstraintLike | None = None,
         use_gate: bool = False,
         seed: int | None = None,
         *,

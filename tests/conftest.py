@@ -98,10 +98,7 @@ def _longest_files_first(config, items):
         seconds = json.load(f).get(_step(config), {})
     counts = collections.Counter(item.path.name for item in items)
     weight = {name: seconds.get(name, float(n)) for name, n in counts.items()}
-    first_seen = {}
-    for index, item in enumerate(items):
-        first_seen.setdefault(item.path.name, index)
-    items.sort(key=lambda item: (-weight[item.path.name], first_seen[item.path.name]))
+    items.sort(key=lambda item: -weight[item.path.name])  # stable: a file's tests stay together
 
 
 def pytest_collection_modifyitems(config, items):

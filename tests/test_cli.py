@@ -89,7 +89,7 @@ def test_train_end_to_end_on_a_tiny_local_dataset(task, dataset, metric, tmp_pat
 @pytest.mark.slow  # trains end to end (CI time: issue 17)
 @pytest.mark.parametrize(
     "task",
-    ["imdb-transformer", "imdb-han", pytest.param("ted-translate", marks=pytest.mark.slow)],
+    ["imdb-transformer", "imdb-han", "ted-translate"],
 )
 def test_real_dataset_tasks_run_under_mock_data(task, tmp_path, capsys):
     with tfds.testing.mock_data(num_examples=16):

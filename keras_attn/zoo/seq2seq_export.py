@@ -72,15 +72,19 @@ def export_seq2seq(
         source = ops.cast(encoder_inputs, "int32")
         return greedy_decode(model, source, max_length, start_id, end_id, steps=steps)
 
+    # On TensorFlow, `serving_default` calls the `greedy_decode` function: the decoding loop
+    # is traced (and stored in the SavedModel) once per dtype, not once per signature.
+    decoder = decode if backend == "jax" else tf.function(decode)
+
     def serving_default(encoder_inputs):
-        return {"tokens": decode(encoder_inputs)}
+        return {"tokens": decoder(encoder_inputs)}
 
     def teacher_forced(inputs):
         return model({name: ops.cast(x, "int32") for name, x in inputs.items()}, training=False)
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    endpoints = {"serving_default": serving_default, "greedy_decode": decode}
+    endpoints = {"serving_default": serving_default, "greedy_decode": decoder}
     endpoints["serve"] = teacher_forced
 
     def specs(dtype):
@@ -94,15 +98,8 @@ def export_seq2seq(
             kwargs = {} if name == "serve" else {"jax2tf_kwargs": {"with_gradient": False}}
             archive.add_endpoint(name, fn, input_signature=[specs(tf.int64)[name]], **kwargs)
     else:
-        # `serving_default` calls the `greedy_decode` function: the decoding loop is traced
-        # (and stored in the SavedModel) once per dtype, not once per signature.
-        decode_function = tf.function(decode)
-        endpoints["greedy_decode"] = decode_function
-        endpoints["serving_default"] = lambda encoder_inputs: {
-            "tokens": decode_function(encoder_inputs)
-        }
         for name, fn in endpoints.items():
-            function = fn if name == "greedy_decode" else tf.function(fn)
+            function = fn if fn is decoder else tf.function(fn)
             # The first trace (int64) is the signature; int32 is traced for Python callers.
             for dtype in (tf.int64, tf.int32):
                 function.get_concrete_function(specs(dtype)[name])
