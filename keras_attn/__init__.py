@@ -13,6 +13,7 @@ from keras_attn.grouped_query_attention import GroupedQueryAttention
 from keras_attn.hard_attention import HardAttention
 from keras_attn.key_value_attention import KeyValueAttention
 from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.ops import AttentionBias
 from keras_attn.pointer_attention import PointerAttention
 from keras_attn.pooling import AttentionPooling
 
@@ -31,6 +32,7 @@ from keras_attn.zoo import layers as _zoo_layers  # noqa: F401, E402
 __all__ = [
     "AdditiveAttention",
     "AlibiBias",
+    "AttentionBias",
     "AttentionPooling",
     "BilinearAttention",
     "DotAttention",

@@ -23,6 +23,10 @@ class AdditiveAttention(_FixedScoreAttention):
             the bias.
         dropout: dropout rate on the attention weights, in training.
         seed: dropout seed.
+        implementation: the kernel, `"auto"` (default), `"dense"` or
+            `"chunked"` (an online softmax over key blocks with the score's
+            own gradient: memory `O(Tq * units)` per key block, never the
+            `(B, Tq, Tv)` weights).
 
     Call arguments, Returns: as `keras_attn.ScoreAttention`.
 
@@ -47,6 +51,7 @@ class AdditiveAttention(_FixedScoreAttention):
         bias_initializer: InitializerLike = "zeros",
         dropout: float = 0.0,
         seed: int | None = None,
+        implementation: str = "auto",
         **kwargs,
     ):
         dtype = kwargs.get("dtype")
@@ -57,7 +62,9 @@ class AdditiveAttention(_FixedScoreAttention):
             bias_initializer=bias_initializer,
             dtype=dtype,
         )
-        super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)
+        super().__init__(
+            score=score, dropout=dropout, seed=seed, implementation=implementation, **kwargs
+        )
         self.units = units
         self.use_bias = use_bias
 

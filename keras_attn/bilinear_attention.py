@@ -19,6 +19,9 @@ class BilinearAttention(_FixedScoreAttention):
         kernel_initializer: initializer of `W`.
         dropout: dropout rate on the attention weights, in training.
         seed: dropout seed.
+        implementation: the kernel, `"auto"` (default), `"dense"`,
+            `"fused"`, `"chunked"` or `"backend"` (the score is the dot product
+            of `q W` and `k`, so every kernel runs it).
 
     Call arguments, Returns: as `keras_attn.ScoreAttention`.
 
@@ -39,10 +42,13 @@ class BilinearAttention(_FixedScoreAttention):
         kernel_initializer: InitializerLike = "glorot_uniform",
         dropout: float = 0.0,
         seed: int | None = None,
+        implementation: str = "auto",
         **kwargs,
     ):
         score = BilinearScore(kernel_initializer=kernel_initializer, dtype=kwargs.get("dtype"))
-        super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)
+        super().__init__(
+            score=score, dropout=dropout, seed=seed, implementation=implementation, **kwargs
+        )
         self.kernel_initializer = score.kernel_initializer
 
     def get_config(self):

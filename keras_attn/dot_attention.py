@@ -25,6 +25,8 @@ class DotAttention(_FixedScoreAttention):
     Args:
         dropout: dropout rate on the attention weights, in training.
         seed: dropout seed.
+        implementation: the kernel, `"auto"` (default), `"dense"`,
+            `"fused"`, `"chunked"` or `"backend"`, as `keras_attn.ScoreAttention`.
 
     Call arguments, Returns: as `keras_attn.ScoreAttention` (the one signature
     shared by every attention layer).
@@ -42,8 +44,16 @@ class DotAttention(_FixedScoreAttention):
         Machine Translation", https://arxiv.org/abs/1508.04025
     """
 
-    def __init__(self, dropout: float = 0.0, seed: int | None = None, **kwargs):
-        super().__init__(score="dot", dropout=dropout, seed=seed, **kwargs)
+    def __init__(
+        self,
+        dropout: float = 0.0,
+        seed: int | None = None,
+        implementation: str = "auto",
+        **kwargs,
+    ):
+        super().__init__(
+            score="dot", dropout=dropout, seed=seed, implementation=implementation, **kwargs
+        )
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -57,6 +67,8 @@ class ScaledDotAttention(_FixedScoreAttention):
             width.
         dropout: dropout rate on the attention weights, in training.
         seed: dropout seed.
+        implementation: the kernel, `"auto"` (default), `"dense"`,
+            `"fused"`, `"chunked"` or `"backend"`, as `keras_attn.ScoreAttention`.
 
     Call arguments, Returns: as `keras_attn.ScoreAttention`.
 
@@ -72,9 +84,20 @@ class ScaledDotAttention(_FixedScoreAttention):
     """
 
     def __init__(
-        self, scale: float | None = None, dropout: float = 0.0, seed: int | None = None, **kwargs
+        self,
+        scale: float | None = None,
+        dropout: float = 0.0,
+        seed: int | None = None,
+        implementation: str = "auto",
+        **kwargs,
     ):
-        super().__init__(score=ScaledDotScore(scale=scale), dropout=dropout, seed=seed, **kwargs)
+        super().__init__(
+            score=ScaledDotScore(scale=scale),
+            dropout=dropout,
+            seed=seed,
+            implementation=implementation,
+            **kwargs,
+        )
         self.scale = scale
 
     def get_config(self):

@@ -78,7 +78,13 @@ class HardAttention(ScoreAttention):
         super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)
         self.temperature = float(check_positive_number("temperature", temperature))
 
-    def normalize(self, scores, mask, training):
+    needs_weights = True
+
+    def normalization(self, training):
+        return lambda scores, mask: self.select(scores, mask, training)
+
+    def select(self, scores, mask, training):
+        """Scores -> one-hot weights: the argmax, or a Gumbel sample in training."""
         if scores.shape[-1] == 0:  # no key to select (Tv = 0): all-zero weights
             return kops.zeros_like(scores)
         # Selection and noise in float32 whatever the policy, as the softmax.
@@ -94,7 +100,7 @@ class HardAttention(ScoreAttention):
         # softmax is monotone and gives masked keys 0, so the argmax of a row
         # with a visible key is a visible key; rows with none get zeros.
         hard = kops.one_hot(kops.argmax(soft, axis=-1), kops.shape(soft)[-1])
-        if mask is not None:
+        if mask is not None:  # (B|1, Tq|1, Tv)
             hard = hard * kops.cast(attn_ops.visible_rows(mask), hard.dtype)
         # argmax would pick some position of a row with a NaN score: keep the NaN.
         hard = kops.where(kops.any(kops.isnan(soft), axis=-1, keepdims=True), soft, hard)

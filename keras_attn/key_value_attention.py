@@ -28,6 +28,11 @@ class KeyValueAttention(ScoreAttention):
         kernel_initializer, bias_initializer: of the projections.
         dropout: dropout rate on the attention weights, in training.
         seed: dropout seed.
+        implementation: the kernel, `"auto"` (default), `"dense"`,
+            `"fused"`, `"chunked"` or `"backend"`, as `keras_attn.ScoreAttention`
+            (`"chunked"` never forms the `(B, Tq, Tv)` weights: long sequences
+            in `O(Tq)` memory per key block; the additive score runs on the
+            dense and chunked kernels only).
 
     Call arguments:
         As `keras_attn.ScoreAttention`.
@@ -60,9 +65,12 @@ class KeyValueAttention(ScoreAttention):
         bias_initializer: InitializerLike = "zeros",
         dropout: float = 0.0,
         seed: int | None = None,
+        implementation: str = "auto",
         **kwargs,
     ):
-        super().__init__(score=score, dropout=dropout, seed=seed, **kwargs)
+        super().__init__(
+            score=score, dropout=dropout, seed=seed, implementation=implementation, **kwargs
+        )
         self.key_dim = check_positive_int("key_dim", key_dim)
         self.value_dim = check_positive_int("value_dim", value_dim, allow_none=True)
         self.output_dim = check_positive_int("output_dim", output_dim, allow_none=True)

@@ -11,6 +11,8 @@ functions and build no mask of their own:
 - `window_mask`, `position_mask`: the symmetric sliding window, and the
   causal and window masks merged (what the kernels build from positions);
 - `positions_below`: the keys of a block that exist (a kernel's padding);
+  `query_positions`, `key_positions`: the positions the causal mask, the
+  window and the position biases share;
 - `fill_masked`: the one fill, replacing masked scores (whatever they hold:
   huge, inf, NaN) before any max or exp;
 - `compute_attention_mask`, `attention_heads_mask`: query, value, explicit
@@ -123,6 +125,17 @@ def check_window(window: int | None, name: str = "window") -> int | None:
             f"`{name}` must be None or a positive integer. Received: {name}={window!r}"
         )
     return int(window)
+
+
+def query_positions(query_length, value_length, query_start=None):
+    """`query_start + [0 .. Tq - 1]` as int32, `query_start` defaulting to `Tv - Tq`."""
+    start = value_length - query_length if query_start is None else query_start
+    return ops.arange(query_length, dtype="int32") + ops.cast(start, "int32")
+
+
+def key_positions(length, start=0):
+    """`start + [0 .. length - 1]` as int32."""
+    return ops.arange(length, dtype="int32") + ops.cast(start, "int32")
 
 
 def positions_below(length: Length, size: int, start: Length = 0) -> TensorLike:

@@ -16,16 +16,21 @@ output), never NaN and never a uniform average over padding. A NaN or inf at a
 masked key never reaches an output (`keras_attn.kernels.finite`).
 """
 
-import math
-
 import numpy as np
 from keras import ops, random
 
+from keras_attn import kernels
 from keras_attn._typing import Length, TensorLike
-from keras_attn.kernels import KERNELS, finite, masked_softmax
-from keras_attn.kernels import backend as kernel_backend
-from keras_attn.kernels import bias as kernel_bias
-from keras_attn.kernels._shapes import check_qkv, swap_last
+from keras_attn.kernels import (
+    CHUNKED_MIN_SCORES,
+    IMPLEMENTATIONS,
+    AttentionBias,
+    AttentionSpec,
+    check_implementation,
+    finite,
+    masked_softmax,
+)
+from keras_attn.kernels._shapes import check_qkv, default_scale, swap_last
 from keras_attn.masks import (
     as_bool_mask,
     attention_heads_mask,
@@ -45,6 +50,8 @@ from keras_attn.masks import (
 __all__ = [
     "CHUNKED_MIN_SCORES",
     "IMPLEMENTATIONS",
+    "AttentionBias",
+    "AttentionSpec",
     "additive_score",
     "as_bool_mask",
     "attention",
@@ -53,10 +60,12 @@ __all__ = [
     "bilinear_score",
     "causal_mask",
     "check_mask_broadcast",
+    "check_implementation",
     "check_mask_dtype",
     "choose_implementation",
     "chosen_positions_mask",
     "compute_attention_mask",
+    "default_scale",
     "dot_score",
     "dropout_weights",
     "fill_masked",
@@ -203,19 +212,6 @@ def weighted_sum(weights, value):
     return finite.nan_where_seen(ops.matmul(weights, value), weights, flag)
 
 
-IMPLEMENTATIONS = ("auto", "dense", "fused", "chunked", "backend")
-# "auto" switches to the chunked kernel once the (..., Tq, Tv) scores would hold
-# 2^28 values (1 GiB in float32; a dense training step keeps about three such
-# tensors alive): e.g. 8 heads at B=1 from L=8192, at B=8 from L=2896.
-# Below it the fused kernel is faster (measured 1.4-1.7x at L=4096-8192, B=1).
-CHUNKED_MIN_SCORES = 2**28
-_NO_WEIGHTS = ("fused", "chunked", "backend")
-
-
-def _dropout_active(rate, training):
-    return bool(rate) and not (training is None or training is False)
-
-
 def choose_implementation(
     implementation: str,
     scores_shape: tuple,
@@ -223,66 +219,22 @@ def choose_implementation(
     training: bool | None,
     return_weights: bool,
     flash_attention: bool | None = None,
-    position_bias: bool = False,
 ) -> str:
-    """The one choice of a kernel: `"dense"`, `"fused"`, `"chunked"` or `"backend"`.
+    """The kernel `attention` takes for such a call: `"dense"`, `"fused"`, `"chunked"`, `"backend"`.
 
-    Args:
-        implementation: one of `IMPLEMENTATIONS`.
-        scores_shape: the static shape of the scores, `(..., Tq, Tv)`. With
-            `Tq` or `Tv` unknown `"auto"` never picks chunked; unknown leading
-            axes (the batch at trace time) count as 1.
-        dropout_rate, training: dropout is active when both are truthy.
-        return_weights: whether the caller needs the weights.
-        flash_attention: Keras' switch: `None`, `"auto"` decides; `True`,
-            `"backend"` (from `"auto"` or `"backend"`); `False`, never it.
-        position_bias: whether the call has a position bias (a function of
-            positions, which the backend kernel evaluates whole).
-
-    Returns:
-        The kernel's name. `"auto"` gives `"dense"` when the weights are
-        needed or dropout is active (only the dense kernel has them); else
-        `"backend"` where the backend has a fused kernel for the default
-        device (`keras_attn.kernels.backend.preferred`: JAX on a GPU, torch
-        on CUDA; never TensorFlow) unless a position bias meets
-        `CHUNKED_MIN_SCORES` scores; else `"chunked"` from
-        `CHUNKED_MIN_SCORES` scores, else `"fused"`.
+    The name of `keras_attn.kernels.choose`'s choice (the one choice, read
+    from the kernels' declarations) for a dot-product call with these
+    properties (a call with a position bias: `keras_attn.kernels.choose`).
 
     Raises:
         ValueError: an unknown name; `"fused"`, `"chunked"` or `"backend"`
             with active dropout or the weights requested; a `flash_attention`
             the implementation contradicts (`True` with `"dense"`).
     """
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"`implementation` must be one of {IMPLEMENTATIONS}. "
-            f"Received: implementation={implementation!r}"
-        )
-    implementation = kernel_backend.with_flash_attention(implementation, flash_attention)
-    dropout = _dropout_active(dropout_rate, training)
-    if implementation in _NO_WEIGHTS and return_weights:
-        raise ValueError(
-            f"implementation={implementation!r} never forms the attention weights: call with "
-            "return_attention_scores=False (return_weights=False), or use implementation "
-            "'auto' or 'dense' (flash_attention not True)."
-        )
-    if implementation in _NO_WEIGHTS and dropout:
-        raise ValueError(
-            f"implementation={implementation!r} has no dropout: use a dropout rate of 0, "
-            "training=False, or implementation 'auto' or 'dense' (flash_attention not True). "
-            f"Received: dropout rate {dropout_rate} with training={training}"
-        )
-    if implementation != "auto":
-        return implementation
-    if dropout or return_weights:
-        return "dense"
-    # Known dims are ints; None (or a JAX symbolic dim, in `model.export`) is unknown.
-    known = [d if isinstance(d, int) else None for d in scores_shape]
-    sizes = [d for d in known if d is not None]
-    large = None not in known[-2:] and math.prod(sizes) >= CHUNKED_MIN_SCORES
-    if flash_attention is None and kernel_backend.preferred() and not (position_bias and large):
-        return "backend"
-    return "chunked" if large else "fused"
+    spec = AttentionSpec(
+        dropout_rate=dropout_rate, training=training, return_weights=return_weights
+    )
+    return kernels.choose(spec, scores_shape, implementation, flash_attention).name
 
 
 def attention(
@@ -299,13 +251,19 @@ def attention(
     return_weights: bool = True,
     query_start: Length | None = None,
     window: int | None = None,
-    bias: TensorLike | tuple | None = None,  # a tensor, a PositionBias layer, or a tuple
+    bias: TensorLike | tuple | AttentionBias | None = None,
     flash_attention: bool | None = None,
+    *,
+    spec: AttentionSpec | None = None,
 ) -> tuple[TensorLike, TensorLike | None]:
-    """Scaled dot-product attention `softmax(q k^T * scale + bias) v`, masks included.
+    """Attention `softmax(q k^T * scale + bias) v`, masks included: the one entry to the kernels.
 
-    The one place that chooses a kernel (`keras_attn.kernels`); every layer
-    with dot-product heads calls it.
+    Every attention layer calls it: it checks the call, chooses the kernel
+    (`keras_attn.kernels.choose`, from the kernels' declarations) and runs it.
+    Call it with keywords, or with a `keras_attn.AttentionSpec`
+    (`spec=`, then with no other keyword but `implementation` and
+    `flash_attention`): a spec may also carry a score other than the dot
+    product (`keras_attn.scores`) or a custom normalization.
 
     Args:
         query: `(..., Tq, dk)`.
@@ -326,7 +284,7 @@ def attention(
             memory `O(Tq)` per block instead of `O(Tq Tv)`; no weights, no
             dropout), `"backend"` (`keras.ops.dot_product_attention` with our
             masks around it, `keras_attn.kernels.backend`; no weights, no
-            dropout) or `"auto"` (see `choose_implementation`).
+            dropout) or `"auto"` (see `keras_attn.kernels.choose`).
         return_weights: `False` returns `None` for the weights (and lets
             `"auto"` take the fused or chunked kernel).
         query_start: the position of the first query among the keys for the
@@ -341,12 +299,14 @@ def attention(
             `keras_attn.RelativePositionBias`), a function of the query
             positions (those of the causal mask) and key positions that each
             kernel evaluates where it needs it (the chunked kernel per key
-            block, never the `(Tq, Tv)` tensor); or a tuple of these, summed.
-            Added to the scaled scores in float32 before the masked softmax
-            (`keras_attn.kernels.bias`). A bias is not a mask: masked
+            block, never the `(Tq, Tv)` tensor); or a tuple of these, or a
+            `keras_attn.AttentionBias`, summed. Added to the scaled scores in
+            float32 before the masked softmax. A bias is not a mask: masked
             positions get zero weight whatever their bias.
         flash_attention: `None` lets `"auto"` decide, `True` forces the
             backend's kernel, `False` keeps `"auto"` off it.
+        spec: the call as one `keras_attn.AttentionSpec`, in place of
+            the keywords from `mask` to `bias`.
 
     Returns:
         `(output, weights)`: output `(..., Tq, dv)`, weights `(..., Tq, Tv)`
@@ -359,7 +319,7 @@ def attention(
         ValueError: `query`, `key` and `value` of rank < 2 or of different
             ranks, a `mask` whose static shape does not broadcast to
             `(..., Tq, Tv)`, mismatched widths, a kernel that cannot give
-            what the call asks (see `choose_implementation`).
+            what the call asks (see `keras_attn.kernels.choose`).
         TypeError: a float `mask`; a `bias` that is neither a float tensor
             nor a position bias.
 
@@ -378,21 +338,25 @@ def attention(
     >>> print(keras.ops.convert_to_numpy(w[0, 0] > 0).astype(int)[3])
     [0 0 1 1 0 0]
     """
-    check_qkv(query, key, value)
+    if spec is None:
+        spec = AttentionSpec(
+            mask=as_bool_mask(mask),
+            is_causal=bool(is_causal),
+            query_start=query_start,
+            window=check_window(window),
+            bias=bias,
+            scale=scale,
+            dropout_rate=dropout_rate,
+            seed=seed,
+            training=training,
+            return_weights=return_weights,
+        )
+    check_qkv(query, key, value, same_widths=spec.score is None)
     scores_shape = (*query.shape[:-1], key.shape[-2])
-    mask = as_bool_mask(mask)
-    if mask is not None:
-        check_mask_broadcast(mask, scores_shape)
-    window = check_window(window)
-    bias = kernel_bias.as_bias(bias, scores_shape)
-    name = choose_implementation(
-        implementation, scores_shape, dropout_rate, training, return_weights,
-        flash_attention=flash_attention, position_bias=bias is not None and bool(bias.functions),
-    )  # fmt: skip
-    dropout = None
-    if _dropout_active(dropout_rate, training):
-        dropout = lambda w: random.dropout(w, dropout_rate, seed=seed)  # noqa: E731
-    output, weights = KERNELS[name](
-        query, key, value, mask, is_causal, query_start, scale, dropout, window, bias
-    )
-    return output, weights if return_weights else None
+    if spec.mask is not None:
+        check_mask_broadcast(spec.mask, scores_shape)
+    if spec.bias is not None:
+        spec = spec.replace(bias=kernels.bias.as_bias(spec.bias, scores_shape))
+    kernel = kernels.choose(spec, scores_shape, implementation, flash_attention)
+    output, weights = kernel.run(query, key, value, spec)
+    return output, weights if spec.return_weights else None

@@ -81,7 +81,9 @@ class PointerAttention(AdditiveAttention):
             **kwargs,
         )
 
-    def combine(self, weights, value):
+    needs_weights = True
+
+    def combine(self, output, weights):
         return weights  # (B, Tq, Tv): the pointer distribution
 
     def output_width(self, query_shape, value_shape):

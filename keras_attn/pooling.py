@@ -3,10 +3,10 @@
 import keras
 from keras import ops as kops
 
+from keras_attn import masks
 from keras_attn import ops as attn_ops
 from keras_attn._typing import InitializerLike, TensorLike
 from keras_attn.arguments import check_floating, check_positive_int, check_rank, check_rate
-from keras_attn.kernels import finite
 from keras_attn.masks import check_mask_dtype
 
 
@@ -127,21 +127,25 @@ class AttentionPooling(keras.layers.Layer):
                             f"`mask` and `inputs` must have the same {what}. Received: "
                             f"mask.shape={tuple(mask.shape)}, inputs.shape={tuple(inputs.shape)}"
                         )
-        # Steps holding a NaN or inf are zeroed (and flagged) first: masked, they
-        # reach no output and no gradient (dW = h^T dU would be 0 * NaN);
-        # visible, they make the pooled vector NaN (`keras_attn.kernels.finite`).
-        inputs, _, flag = finite.zero_nonfinite(inputs)
+        # Masked steps zeroed first: nothing they hold (huge, inf, NaN) reaches the
+        # output or a gradient (dW = h^T dU would be 0 * NaN).
+        inputs = masks.zero_padded(inputs, mask)
         hidden = kops.matmul(inputs, self.kernel)  # (B, T, units)
         if self.bias is not None:
             hidden = hidden + self.bias
-        scores = kops.matmul(kops.tanh(hidden), self.context)  # (B, T)
-        weights = attn_ops.masked_softmax(scores, mask)  # (B, T)
-        weights = attn_ops.dropout_weights(
-            weights, self.dropout, training=training, seed=self.seed_generator
+        keys = kops.tanh(hidden)  # u_t
+        context = kops.reshape(kops.cast(self.context, keys.dtype), (1, 1, self.units))
+        query = kops.broadcast_to(context, (kops.shape(keys)[0], 1, self.units))  # (B, 1, units)
+        spec = attn_ops.AttentionSpec(
+            mask=None if mask is None else masks.as_bool_mask(mask)[:, None, :],  # (B, 1, T)
+            scale=1.0,
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
         )
-        w = kops.cast(kops.expand_dims(weights, 1), inputs.dtype)  # (B, 1, T)
-        pooled = finite.nan_where_seen(kops.matmul(w, inputs), w, flag)  # (B, 1, d)
-        pooled = kops.squeeze(pooled, 1)  # (B, d)
+        # a_t = softmax_t(u_t . u_w), s = sum_t a_t h_t: one query, the learned context.
+        pooled, weights = attn_ops.attention(query, keys, inputs, spec=spec)
+        pooled, weights = pooled[:, 0], weights[:, 0]  # (B, d), (B, T)
         if return_attention_scores:
             return pooled, weights
         return pooled

@@ -17,9 +17,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn import masks
 from keras_attn._typing import InitializerLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_positive_number
-from keras_attn.kernels import bias as bias_lib
 
 
 class PositionBias(keras.layers.Layer):
@@ -65,10 +65,10 @@ class PositionBias(keras.layers.Layer):
         query_start: Length | None = None,
     ) -> TensorLike:
         """The whole `(h or 1, Tq, Tv)` float32 bias (end-aligned queries by default)."""
-        query_positions = bias_lib.query_positions(query_length, key_length, query_start)
+        query_positions = masks.query_positions(query_length, key_length, query_start)
         return self.position_bias(
             query_positions,
-            bias_lib.key_positions(key_length),
+            masks.key_positions(key_length),
             self.bias_parameters(),
             num_heads=num_heads,
         )

@@ -2,7 +2,17 @@
 
 A score layer is called `score(query, key)` with `query (B, Tq, dq)` and
 `key (B, Tv, dk)` and returns `(B, Tq, Tv)`. Attention layers take a score by
-name (`"dot"`, `"scaled_dot"`, `"additive"`, `"bilinear"`) or as an instance.
+name (`"dot"`, `"scaled_dot"`, `"additive"`, `"bilinear"`) or as an instance,
+and hand it to the kernels (`keras_attn.ops.attention`) in two parts:
+`prepare(query, key)`, the per-position work done once (projections), and the
+pairwise part that the kernel evaluates, whole or per key block. A score's
+`kind` says which kernels run it:
+
+- `"dot"`: the pairwise part is `q . k * dot_scale(q)` (dot, scaled dot, and
+  bilinear after `prepare` gives `q W`): every kernel;
+- `"blockwise"`: `pairwise(q, k, parameters)` with a written-out
+  `pairwise_gradient` (additive): the dense and chunked kernels;
+- `"any"` (a `Score` subclass that only overrides `call`): the dense kernel.
 """
 
 import keras
@@ -16,13 +26,50 @@ _REGISTRY = keras.saving.register_keras_serializable(package="keras_attn")
 
 
 class Score(keras.layers.Layer):
-    """Base class of the scores: `call(query, key) -> (..., Tq, Tv)`."""
+    """Base class of the scores: `call(query, key) -> (..., Tq, Tv)`.
+
+    A subclass overrides `call` (then it runs on the dense kernel), or the
+    parts the kernels call: `kind`, `prepare`, `dot_scale` (`"dot"`), or
+    `pairwise`, `score_parameters` and `pairwise_gradient` (`"blockwise"`).
+    """
+
+    kind = "any"
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         # Masks are the attention layer's business: accept inputs that carry
         # one without a warning, and put none on the scores.
         self.supports_masking = True
+
+    def check_inputs(self, query, key):
+        """`ValueError` unless `query` and `key` have widths this score takes."""
+
+    def prepare(self, query, key):
+        """The per-position part, done once before the kernel: `(query, key)` for `pairwise`."""
+        return query, key
+
+    def dot_scale(self, query):
+        """`"dot"` scores: the multiplier of `q . k` (of the prepared query)."""
+        return 1.0
+
+    def score_parameters(self):
+        """The weights `pairwise` reads, as tensors (arguments of the kernels' gradients)."""
+        return ()
+
+    def pairwise(self, query, key, parameters=()):
+        """Scores `(..., Tq, Tk)` of prepared inputs; `parameters` from `score_parameters`."""
+        return self.call(query, key)
+
+    def pairwise_gradient(self, d_scores, query, key, parameters):
+        """`"blockwise"` scores: `(d_query, d_key, d_parameters)` from `d_scores (..., Tq, Tk)`."""
+        raise NotImplementedError
+
+    def call(self, query, key):
+        query, key = self.prepare(query, key)
+        if self.kind == "dot":
+            query = kops.multiply(query, kops.cast(self.dot_scale(query), query.dtype))
+            return kops.matmul(query, kops.swapaxes(key, -1, -2))
+        return self.pairwise(query, key, self.score_parameters())
 
     def compute_mask(self, query, mask=None):
         return None
@@ -44,8 +91,13 @@ class Score(keras.layers.Layer):
 class DotScore(Score):
     """`s(q, k) = q . k`. Query and key widths must match."""
 
+    kind = "dot"
+
     def build(self, query_shape, key_shape):
         attn_ops._check_widths("query", query_shape, "key", key_shape)
+
+    def check_inputs(self, query, key):
+        attn_ops._check_widths("query", query.shape, "key", key.shape)
 
     def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
         return attn_ops.dot_score(query, key)
@@ -63,8 +115,16 @@ class ScaledDotScore(Score):
             raise ValueError(f"`scale` must be positive and finite. Received: scale={scale!r}")
         self.scale = scale
 
+    kind = "dot"
+
     def build(self, query_shape, key_shape):
         attn_ops._check_widths("query", query_shape, "key", key_shape)
+
+    def check_inputs(self, query, key):
+        attn_ops._check_widths("query", query.shape, "key", key.shape)
+
+    def dot_scale(self, query):
+        return self.scale if self.scale is not None else attn_ops.default_scale(query)
 
     def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
         return attn_ops.scaled_dot_score(query, key, scale=self.scale)
@@ -127,13 +187,44 @@ class AdditiveScore(Score):
             initializer=clone_initializer(self.kernel_initializer),
         )
 
-    def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
+    kind = "blockwise"
+
+    def check_inputs(self, query, key):
         self.check_built_widths(query, key, self.query_kernel.shape[0], self.key_kernel.shape[0])
-        projected_query = kops.matmul(query, self.query_kernel)  # (B, Tq, units)
-        projected_key = kops.matmul(key, self.key_kernel)  # (B, Tv, units)
+
+    def prepare(self, query, key):
+        """`(U q, W k + b)`: `(..., Tq, units)`, `(..., Tv, units)`."""
+        projected_query = kops.matmul(query, self.query_kernel)
+        projected_key = kops.matmul(key, self.key_kernel)
         if self.bias is not None:
             projected_key = projected_key + self.bias
-        return attn_ops.additive_score(projected_query, projected_key, self.score_vector)
+        return projected_query, projected_key
+
+    def score_parameters(self):
+        # A tensor, not the variable: TensorFlow refuses variables read in a custom gradient.
+        return (kops.copy(self.score_vector),)
+
+    def pairwise(self, query, key, parameters=()):
+        (v,) = parameters or self.score_parameters()
+        return attn_ops.additive_score(query, key, kops.cast(v, query.dtype))
+
+    def pairwise_gradient(self, d_scores, query, key, parameters):
+        """`s_ij = v . tanh(q_i + k_j)`: `dh = dS v (1 - h^2)`, summed over j (dq), i (dk)."""
+        (v,) = parameters
+        v = kops.cast(v, "float32")
+        hidden = kops.tanh(
+            kops.expand_dims(kops.cast(query, "float32"), -2)
+            + kops.expand_dims(kops.cast(key, "float32"), -3)
+        )  # (..., Tq, Tk, units)
+        d_scores = kops.cast(d_scores, "float32")
+        weighted = kops.expand_dims(d_scores, -1) * hidden  # (..., Tq, Tk, units)
+        d_v = kops.sum(kops.reshape(weighted, (-1, hidden.shape[-1])), axis=0)
+        d_pre = kops.expand_dims(d_scores, -1) * v * (1.0 - hidden * hidden)
+        return kops.sum(d_pre, axis=-2), kops.sum(d_pre, axis=-3), (d_v,)
+
+    def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
+        self.check_inputs(query, key)
+        return self.pairwise(*self.prepare(query, key))
 
     def get_config(self):
         config = super().get_config()
@@ -163,8 +254,17 @@ class BilinearScore(Score):
             initializer=self.kernel_initializer,
         )
 
-    def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
+    kind = "dot"
+
+    def check_inputs(self, query, key):
         self.check_built_widths(query, key, *self.kernel.shape)
+
+    def prepare(self, query, key):
+        """`(q W, k)`: the pairwise part is then the dot product."""
+        return kops.matmul(query, self.kernel), key
+
+    def call(self, query: TensorLike, key: TensorLike) -> TensorLike:
+        self.check_inputs(query, key)
         return attn_ops.bilinear_score(query, key, self.kernel)
 
     def get_config(self):

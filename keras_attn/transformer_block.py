@@ -24,8 +24,8 @@ from keras_attn.arguments import (
     serialize_optional_layer,
     sublayer_seed,
 )
-from keras_attn.base import QueryMaskOutput
-from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.layer_io import QueryMaskOutput
+from keras_attn.multi_head_attention import MultiHeadAttention, check_rotary_embedding
 from keras_attn.position_bias import PositionBias
 from keras_attn.rotary import RotaryEmbedding
 
@@ -130,7 +130,7 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
                 "`num_key_value_heads` must divide `num_heads`. Received: "
                 f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
             )
-        self.rotary_embedding = rotary_embedding
+        self.rotary_embedding = check_rotary_embedding(rotary_embedding)
         if implementation not in attn_ops.IMPLEMENTATIONS:
             raise ValueError(
                 f"`implementation` must be one of {attn_ops.IMPLEMENTATIONS}. "

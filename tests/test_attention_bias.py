@@ -70,9 +70,11 @@ def biases(tq=TQ, tv=TV, query_start=None):
 
 def run_kernel(name, q, k, v, mask, is_causal=False, window=None, bias=None, query_start=None):
     if name == "chunked4":  # the chunked kernel over several key blocks
-        bias = bias_lib.as_bias(bias, (*q.shape[:-1], k.shape[-2]))
-        return chunked_attention(q, k, v, mask, is_causal, query_start, None, None, window, bias,
-                                 block_size=4)[0]  # fmt: skip
+        spec = kernels.AttentionSpec(
+            mask=mask, is_causal=is_causal, query_start=query_start, window=window,
+            bias=bias_lib.as_bias(bias, (*q.shape[:-1], k.shape[-2])), return_weights=False,
+        )  # fmt: skip
+        return chunked_attention(q, k, v, spec, block_size=4)[0]
     return attn_ops.attention(q, k, v, mask=mask, is_causal=is_causal, window=window, bias=bias,
                               implementation=name, return_weights=False,
                               query_start=query_start)[0]  # fmt: skip
@@ -262,10 +264,9 @@ def test_rows_outside_every_window_are_zero_not_nan():
 def test_kernels_table_takes_window_and_bias():
     q = keras.random.normal((1, 2, 5, 4))
     bias = bias_lib.as_bias(keras_attn.AlibiBias(), (1, 2, 5, 5))
-    outs = [np_(kernels.KERNELS[n](q, q, q, None, True, None, None, None, 2, bias)[0])
-            for n in ("dense", "fused", "chunked")]  # fmt: skip
+    spec = kernels.AttentionSpec(is_causal=True, window=2, bias=bias, return_weights=False)
+    outs = [np_(kernels.KERNELS[n](q, q, q, spec)[0]) for n in ("dense", "fused", "chunked")]
     np.testing.assert_allclose(outs[1], outs[0], atol=1e-5)
     np.testing.assert_allclose(outs[2], outs[0], atol=1e-5)
-    f = compiled(lambda q: kernels.chunked_attention(q, q, q, None, True, None, None, None, 2,
-                                                     bias, block_size=2)[0])  # fmt: skip
+    f = compiled(lambda q: kernels.chunked_attention(q, q, q, spec, block_size=2)[0])
     np.testing.assert_allclose(np_(f(q)), outs[0], atol=1e-5)

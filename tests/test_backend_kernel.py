@@ -6,9 +6,12 @@ gradients equal the dense path's and a NumPy reference's; the choice of
 `"auto"` per backend and device is tested with an injected device.
 """
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
+from kernel_calls import run
 
 import keras_attn
 import layer_checks
@@ -195,7 +198,7 @@ def test_fully_masked_rows_and_no_keys_give_zeros_with_finite_gradients():
     assert np.all(dk[1, 1] == 0) and np.all(dv[1, 1] == 0)
     assert all(np.all(np.isfinite(g)) for g in (dq, dk, dv))
     q, k, v = qkv(tv=0)
-    out, _ = kernels.backend_attention(q, k, v, is_causal=True)
+    out, _ = run(kernels.backend_attention, q, k, v, is_causal=True)
     np.testing.assert_array_equal(np_(out), np.zeros((2, 3, 7, 5)))
 
 
@@ -232,8 +235,10 @@ def test_auto_takes_the_backend_kernel_where_preferred(monkeypatch, preferred):
     assert choose("auto", SMALL, 0.0, False, False) == fast
     assert choose("auto", LARGE, 0.0, False, False) == ("backend" if preferred else "chunked")
     # A position bias would be evaluated whole: chunked from CHUNKED_MIN_SCORES scores.
-    assert choose("auto", SMALL, 0.0, False, False, position_bias=True) == fast
-    assert choose("auto", LARGE, 0.0, False, False, position_bias=True) == "chunked"
+    alibi = kernels.AttentionSpec(bias=kernels.AttentionBias(keras_attn.AlibiBias()),
+                                  return_weights=False)  # fmt: skip
+    assert kernels.choose(alibi, SMALL).name == fast
+    assert kernels.choose(alibi, LARGE).name == "chunked"
     assert choose("auto", (None, 4, None, None), 0.0, False, False) == fast
     # Weights or active dropout: dense, wherever.
     assert choose("auto", SMALL, 0.0, False, True) == "dense"
@@ -267,7 +272,9 @@ def test_choice_errors():
         ops.attention(q, k, v, implementation="backend", dropout_rate=0.5, training=True,
                       return_weights=False)  # fmt: skip
     with pytest.raises(ValueError, match="has no dropout"):
-        kernels.backend_attention(q, k, v, dropout=lambda w: w)
+        kernels.KERNELS["backend"](
+            q, k, v, kernels.AttentionSpec(dropout_rate=0.5, training=True, return_weights=False)
+        )
 
 
 # -- the layers -----------------------------------------------------------------------------
@@ -282,7 +289,8 @@ def spy(monkeypatch):
         calls.append(1)
         return kernels.backend_attention(*args)
 
-    monkeypatch.setitem(kernels.KERNELS, "backend", counted)
+    counting = dataclasses.replace(kernels.BACKEND, run=counted)
+    monkeypatch.setitem(kernels.registry._KERNELS, "backend", counting)
     return calls
 
 

@@ -1,11 +1,14 @@
 """The chunked (online-softmax) attention path equals the dense path: values and gradients."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
+from kernel_calls import run
 
 import keras_attn
-from keras_attn import ops
+from keras_attn import kernels, ops
 from keras_attn.kernels.chunked import block_size_for, chunked_attention
 from layer_checks import compiled, dtype_of, value_and_grads
 from numpy_reference import attend, causal, scaled_dot_scores
@@ -29,7 +32,9 @@ def dense(mask=None, is_causal=False):
 
 
 def chunked(mask=None, is_causal=False, block_size=16):
-    return lambda q, k, v: chunked_attention(q, k, v, mask, is_causal, block_size=block_size)[0]
+    return lambda q, k, v: run(chunked_attention, q, k, v, mask, is_causal, block_size=block_size)[
+        0
+    ]
 
 
 def assert_same(q, k, v, mask=None, is_causal=False, block_size=16, atol=1e-5):
@@ -51,7 +56,7 @@ def test_no_mask_equals_dense_values_and_gradients(block_size):
 def test_matches_numpy_reference():
     q, k, v = qkv()
     mask = rng.random((2, 1, 37, 45)) > 0.3
-    out = np_(chunked_attention(q, k, v, mask=mask, is_causal=True, block_size=8)[0])
+    out = np_(run(chunked_attention, q, k, v, mask=mask, is_causal=True, block_size=8)[0])
     ref, _ = attend(scaled_dot_scores(np_(q), np_(k)), np_(v), mask & causal(37, 45))
     np.testing.assert_allclose(out, ref, atol=1e-5)
 
@@ -68,7 +73,7 @@ def test_key_padding_mask_general_mask_and_scale():
     assert_same(q, k, v, mask=keras.ops.convert_to_tensor(key_padding))
     general = rng.random((2, 3, 37, 45)) > 0.5
     assert_same(q, k, v, mask=keras.ops.convert_to_tensor(general), is_causal=True)
-    out, _ = chunked_attention(q, k, v, mask=general.astype("int32"), scale=0.3, block_size=7)
+    out, _ = run(chunked_attention, q, k, v, mask=general.astype("int32"), scale=0.3, block_size=7)
     ref = ops.attention(q, k, v, mask=general, scale=0.3)[0]
     np.testing.assert_allclose(np_(out), np_(ref), atol=1e-5)
 
@@ -96,7 +101,7 @@ def test_large_scores_do_not_overflow():
 def test_low_precision_inputs_close_to_dense(policy_dtype):
     q, k, v = qkv(dtype=policy_dtype)
     mask = keras.ops.convert_to_tensor(rng.random((2, 1, 37, 45)) > 0.3)
-    out_c, _ = chunked_attention(q, k, v, mask, is_causal=True, block_size=16)
+    out_c, _ = run(chunked_attention, q, k, v, mask, is_causal=True, block_size=16)
     out_d = ops.attention(q, k, v, mask=mask, is_causal=True)[0]
     assert dtype_of(out_c) == policy_dtype
     np.testing.assert_allclose(np_(out_c), np_(out_d), atol=3e-2)
@@ -148,7 +153,9 @@ def test_no_query_by_key_tensor_in_the_graph():
     def step(q, k, v):
         with tf.GradientTape() as tape:
             tape.watch([q, k, v])
-            loss = tf.reduce_sum(chunked_attention(q, k, v, is_causal=True, block_size=32)[0] ** 2)
+            loss = tf.reduce_sum(
+                run(chunked_attention, q, k, v, is_causal=True, block_size=32)[0] ** 2
+            )
         return tape.gradient(loss, [q, k, v])
 
     graph = step.get_concrete_function(q, k, v).graph
@@ -171,11 +178,11 @@ def test_block_size_for():
 def test_argument_errors():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="same leading axes"):
-        chunked_attention(q, k[:1], v[:1])
+        run(chunked_attention, q, k[:1], v[:1])
     with pytest.raises(ValueError, match="must match"):
-        chunked_attention(q, v, v)
+        run(chunked_attention, q, v, v)
     with pytest.raises(ValueError, match="`block_size` must be positive"):
-        chunked_attention(q, k, v, block_size=-4)
+        run(chunked_attention, q, k, v, block_size=-4)
 
 
 # -- Selection through ops.attention ------------------------------------------
@@ -221,7 +228,7 @@ def test_ops_attention_implementation_argument(monkeypatch, our_kernels):
     # "auto": fused below the threshold, chunked from it, dense with dropout or weights.
     chosen = record_kernels(monkeypatch)
     ops.attention(q, k, v, implementation="auto", return_weights=False)
-    monkeypatch.setattr(ops, "CHUNKED_MIN_SCORES", 2 * 3 * 37 * 45)
+    monkeypatch.setattr(kernels.registry, "CHUNKED_MIN_SCORES", 2 * 3 * 37 * 45)
     ops.attention(q, k, v, implementation="auto", return_weights=False)
     assert ops.attention(q, k, v, implementation="auto")[1] is not None
     auto_dropout = ops.attention(
@@ -341,13 +348,14 @@ def test_mha_chunked_self_attention_single_query_and_mixed_precision():
 def record_kernels(monkeypatch):
     """The names of the kernels `ops.attention` runs, appended to a list as they run."""
     chosen = []
-    for name, kernel in list(ops.KERNELS.items()):
+    for name, kernel in list(kernels.registry._KERNELS.items()):
 
-        def recorded(*args, name=name, kernel=kernel):
+        def recorded(*args, name=name, run=kernel.run):
             chosen.append(name)
-            return kernel(*args)
+            return run(*args)
 
-        monkeypatch.setitem(ops.KERNELS, name, recorded)
+        recording = dataclasses.replace(kernel, run=recorded)
+        monkeypatch.setitem(kernels.registry._KERNELS, name, recording)
     return chosen
 
 
@@ -355,15 +363,15 @@ def test_mha_auto_selection(monkeypatch, our_kernels):
     layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, dropout=0.5)
     assert layer.get_config()["implementation"] == "auto"
     chosen = record_kernels(monkeypatch)
-    monkeypatch.setattr(ops, "CHUNKED_MIN_SCORES", 1)
+    monkeypatch.setattr(kernels.registry, "CHUNKED_MIN_SCORES", 1)
     layer(X, X, training=False)
     layer(X, X, training=True)  # dropout in training
     _, weights = layer(X, X, return_attention_scores=True)  # weights requested
     assert weights.shape == (2, 2, 9, 9)
     assert chosen == ["chunked", "dense", "dense"]
-    monkeypatch.setattr(ops, "CHUNKED_MIN_SCORES", 10**9)
+    monkeypatch.setattr(kernels.registry, "CHUNKED_MIN_SCORES", 10**9)
     layer(X, X)
-    monkeypatch.setattr(ops, "CHUNKED_MIN_SCORES", 2 * 2 * 9 * 9)  # (B, h, Tq, Tv)
+    monkeypatch.setattr(kernels.registry, "CHUNKED_MIN_SCORES", 2 * 2 * 9 * 9)  # (B, h, Tq, Tv)
     layer(X, X)
     layer(X[:1], X[:1])
     assert chosen[3:] == ["fused", "chunked", "fused"]

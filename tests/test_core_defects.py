@@ -13,6 +13,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+from kernel_calls import run
 
 import keras_attn
 from keras_attn import kernels
@@ -43,11 +44,7 @@ def test_a_masked_score_above_the_old_bias_does_not_leak_in(name):
     q = np.abs(q) + 1.0
     k[..., 4:, :] = 1e31  # q . k ~ 1e32 at the masked keys
     kernel = kernels.KERNELS[name]
-    out, _ = (
-        kernel(t(q), t(k), t(v), t(mask))
-        if name != "chunked"
-        else kernel(t(q), t(k), t(v), t(mask), block_size=4)
-    )
+    out, _ = run(kernel, t(q), t(k), t(v), t(mask), block_size=4 if name == "chunked" else None)
     ref, _ = attend(scaled_dot_scores(q, k), v, mask)
     np.testing.assert_allclose(np_(out), ref, atol=1e-5)
 
@@ -61,7 +58,7 @@ def test_a_masked_score_that_overflows_float16_does_not_make_the_row_nan(name):
     mask = np.ones((2, 1, 1, 6), bool)
     mask[1, ..., 3:] = False
     k[1, :, 3:] = 3e4  # finite in float16; the score is not
-    out, _ = kernels.KERNELS[name](t(q), t(k), t(v), t(mask))
+    out, _ = run(kernels.KERNELS[name], t(q), t(k), t(v), t(mask))
     ref, _ = attend(scaled_dot_scores(q.astype("float64"), k.astype("float64")), v, mask)
     assert np.all(np.isfinite(np_(out)))
     np.testing.assert_allclose(np_(out), ref, atol=2e-2)
@@ -128,7 +125,9 @@ q = tf.random.normal((1, 4, 4096, 32))
 def step():
     with tf.GradientTape() as tape:
         tape.watch(q)
-        out, _ = kernels.chunked_attention(q, q, q, is_causal=True, block_size=512)
+        out, _ = kernels.chunked_attention(
+            q, q, q, kernels.AttentionSpec(is_causal=True, return_weights=False), block_size=512
+        )
         loss = tf.reduce_sum(out)
     return tape.gradient(loss, q)
 fn = step if sys.argv[1] == "eager" else tf.function(step)

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from kernel_calls import run
 
 import keras_attn
 import layer_checks
@@ -37,7 +38,7 @@ def reference(mask=None, is_causal=False, scale=None):
 
 
 def fused(mask=None, is_causal=False, scale=None):
-    return lambda q, k, v: fused_attention(q, k, v, mask, is_causal, scale=scale)[0]
+    return lambda q, k, v: run(fused_attention, q, k, v, mask, is_causal, scale=scale)[0]
 
 
 # -- fused_attention -----------------------------------------------------------
@@ -61,10 +62,10 @@ def test_fused_matches_numpy_and_key_padding_mask():
     q, k, v = qkv()
     key_padding = np.ones((2, 1, 1, 9), bool)
     key_padding[1, ..., 4:] = False
-    out = np_(fused_attention(q, k, v, key_padding.astype("int32"), scale=0.5)[0])
+    out = np_(run(fused_attention, q, k, v, key_padding.astype("int32"), scale=0.5)[0])
     ref, _ = attend(scaled_dot_scores(np_(q), np_(k), 0.5), np_(v), key_padding)
     np.testing.assert_allclose(out, ref, atol=1e-5)
-    out = np_(fused_attention(q, k, v, is_causal=True)[0])
+    out = np_(run(fused_attention, q, k, v, is_causal=True)[0])
     ref, _ = attend(scaled_dot_scores(np_(q), np_(k)), np_(v), causal(7, 9))
     np.testing.assert_allclose(out, ref, atol=1e-5)
 
@@ -95,7 +96,7 @@ def test_fused_low_precision_gradients_as_close_to_float32_as_the_reference(dtyp
     exact = value_and_grads(reference(mask, True), q32, k32, v32, cotangent)
     low_ref = value_and_grads(reference(mask, True), q, k, v, cotangent)
     low_fused = value_and_grads(fused(mask, True), q, k, v, cotangent)
-    assert layer_checks.dtype_of(fused_attention(q, k, v)[0]) == dtype
+    assert layer_checks.dtype_of(run(fused_attention, q, k, v)[0]) == dtype
     for e, r, f in zip([exact[0], *exact[1]], [low_ref[0], *low_ref[1]],
                        [low_fused[0], *low_fused[1]], strict=True):  # fmt: skip
         error_ref, error_fused = np.abs(r - e).max(), np.abs(f - e).max()
@@ -119,7 +120,7 @@ def test_ops_attention_return_weights_false():
 PATHS = {
     "dense": lambda mask: reference(mask),
     "fused": lambda mask: fused(mask),
-    "chunked": lambda mask: lambda q, k, v: chunked_attention(q, k, v, mask, block_size=4)[0],
+    "chunked": lambda mask: lambda q, k, v: run(chunked_attention, q, k, v, mask, block_size=4)[0],
 }
 
 

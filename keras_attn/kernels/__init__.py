@@ -1,49 +1,70 @@
-"""The attention kernels, behind one signature.
+"""The attention kernels: one call spec, kernels that declare what they support, one choice.
 
-    kernel(query, key, value, mask=None, is_causal=False, query_start=None,
-           scale=None, dropout=None, window=None, bias=None) -> (output, weights or None)
+    kernel(query, key, value, spec) -> (output, weights or None)
 
-| kernel | weights | dropout | memory | |
-|---|---|---|---|---|
-| `dense_attention` | returned | yes | `O(Tq Tv)` | the reference: masked softmax, weighted sum |
-| `fused_attention` | - | - | `O(Tq Tv)`, fewer passes | a written-out gradient |
-| `chunked_attention` | - | - | `O(Tq)` per key block | an online softmax over key blocks |
-| `backend_attention` | - | - | the backend's | `keras.ops.dot_product_attention` (cuDNN, SDPA) |
+`spec` is an `AttentionSpec` (mask, is_causal, query_start, window, bias,
+scale, score, dropout, return_weights, normalize), built once per call by
+`keras_attn.ops.attention`. Each kernel declares itself (`registry.Kernel`):
 
-Every kernel replaces masked scores before any max or exp
-(`keras_attn.masks.fill_masked`), builds its causal mask with
-`keras_attn.masks.position_mask` (causal, sliding `window`), adds a `bias`
-(`keras_attn.kernels.bias`: tensors, and position biases evaluated where the
-kernel needs them, per key block for the chunked kernel) to the scaled scores
-in float32, gives rows with no visible key a zero output
-with zero gradients, and guards its weighted sum against non-finite keys and
-values at masked positions (`finite`). `keras_attn.ops.attention` is the one
-place that chooses a kernel; layers call it, not the kernels. A kernel's custom
-gradient goes through `keras_attn.kernels._gradient.custom_gradient`, every
-tensor it reads an argument (closed over, a tensor breaks `model.export` on JAX).
+| kernel | weights | dropout | scores | memory | "auto" takes it |
+|---|---|---|---|---|---|
+| `dense` | returned | yes | dot, blockwise, any | `O(Tq Tv)` | for what only it runs |
+| `fused` | - | - | dot | `O(Tq Tv)`, fewer passes | the default |
+| `chunked` | - | - | dot, blockwise | `O(Tq)` per block | from `CHUNKED_MIN_SCORES` |
+| `backend` | - | - | dot | the backend's | JAX on a GPU, torch |
+
+(`dense` alone returns the weights, applies dropout, takes a custom
+normalization and any score; `backend` is `keras.ops.dot_product_attention`.)
+
+`registry.choose` reads these declarations: it is the one choice of a kernel,
+and `keras_attn.ops.attention` the one caller; layers call `ops.attention`,
+not the kernels. Every kernel replaces masked scores before any max or exp
+(`keras_attn.masks.fill_masked`), builds its causal and window masks with
+`keras_attn.masks.position_mask`, adds the bias (`bias.AttentionBias`:
+tensors, and position biases evaluated where the kernel needs them, per key
+block for the chunked kernel) to the scores in float32, gives rows with no
+visible key a zero output with zero gradients, and guards its weighted sum
+against non-finite keys and values at masked positions (`finite`). A
+kernel's custom gradient goes through `keras_attn.kernels._gradient.custom_gradient`,
+every tensor it reads an argument (closed over, a tensor breaks `model.export` on JAX).
 """
 
-from keras_attn.kernels import bias, finite
-from keras_attn.kernels.backend import backend_attention
-from keras_attn.kernels.chunked import chunked_attention
-from keras_attn.kernels.dense import dense_attention, masked_softmax, softmax
-from keras_attn.kernels.fused import fused_attention
+from keras_attn.kernels import bias, finite, registry
+from keras_attn.kernels.backend import BACKEND, backend_attention
+from keras_attn.kernels.bias import AttentionBias
+from keras_attn.kernels.chunked import CHUNKED, chunked_attention
+from keras_attn.kernels.dense import DENSE, dense_attention, masked_softmax, softmax
+from keras_attn.kernels.fused import FUSED, fused_attention
+from keras_attn.kernels.registry import (
+    CHUNKED_MIN_SCORES,
+    IMPLEMENTATIONS,
+    Kernel,
+    check_implementation,
+    choose,
+    register,
+    score_kind,
+)
+from keras_attn.kernels.spec import AttentionSpec
 
-KERNELS = {
-    "dense": dense_attention,
-    "fused": fused_attention,
-    "chunked": chunked_attention,
-    "backend": backend_attention,
-}
+KERNELS = {kernel.name: register(kernel) for kernel in (DENSE, FUSED, CHUNKED, BACKEND)}
 
 __all__ = [
+    "CHUNKED_MIN_SCORES",
+    "IMPLEMENTATIONS",
     "KERNELS",
+    "AttentionBias",
+    "AttentionSpec",
+    "Kernel",
     "backend_attention",
     "bias",
+    "check_implementation",
+    "choose",
     "chunked_attention",
     "dense_attention",
     "finite",
     "fused_attention",
     "masked_softmax",
+    "registry",
+    "score_kind",
     "softmax",
 ]

@@ -23,11 +23,12 @@ def default_scale(query, scale=None):
     return 1.0 / math.sqrt(query.shape[-1])
 
 
-def check_qkv(query, key, value):
+def check_qkv(query, key, value, same_widths=True):
     """`ValueError` unless `query (..., Tq, dk)`, `key (..., Tv, dk)`, `value (..., Tv, dv)` fit.
 
-    Ranks >= 2 and equal; the same leading axes (where known); the widths of
-    query and key, and the lengths of key and value, equal (where known).
+    Ranks >= 2 and equal; the same leading axes (where known); the lengths of
+    key and value equal and, with `same_widths` (a dot product), the widths of
+    query and key (where known).
     """
     for name, x in (("query", query), ("key", key), ("value", value)):
         if len(x.shape) < 2:
@@ -58,7 +59,7 @@ def check_qkv(query, key, value):
             "`key` and `value` must have the same length (axis -2). Received: "
             f"key.shape={tuple(key.shape)}, value.shape={tuple(value.shape)}"
         )
-    if differ(query.shape[-1:], key.shape[-1:]):
+    if same_widths and differ(query.shape[-1:], key.shape[-1:]):
         raise ValueError(
             "The last axis of `query` and `key` must match. Received: "
             f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}"

@@ -22,9 +22,10 @@ it there). Around the call it keeps what every kernel guarantees:
 - a bias (tensors and position biases, `keras_attn.kernels.bias`) is
   evaluated whole and passed as Keras' `bias=`; on torch (whose SDPA takes a
   mask or a bias) with the mask folded into it; its gradient is the backend's;
-- on torch, where Keras adds the mask to the logits (a large negative)
-  rather than replacing them, float16 inputs with a mask or a bias are
-  computed in float32, so a masked logit that overflowed float16 cannot win.
+- float16 inputs with a bias are computed in float32 (Keras would cast the
+  bias to float16, where `7e4` is inf), and on torch, where Keras adds the
+  mask to the logits (a large negative) rather than replacing them, with a
+  mask too, so a masked logit that overflowed float16 cannot win.
 
 Keras' layout is `(B, T, N, H)`, ours `(..., T, d)`: the kernel transposes
 `(B, N, T, H)` in and out (rank 3 gains a heads axis of 1, more leading axes
@@ -40,9 +41,9 @@ import numpy as np
 from keras import ops
 
 from keras_attn import masks
-from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
 from keras_attn.kernels._shapes import default_scale, dims, swap_last
+from keras_attn.kernels.registry import Kernel
 
 # Whether `"auto"` takes the backend kernel on torch with the CPU as its
 # device. Measured with benchmarks/backend_kernel.py (numbers in benchmarks/README.md).
@@ -75,26 +76,6 @@ def preferred():
         kind = device_kind()
         return kind == "cuda" or (kind == "cpu" and TORCH_CPU)
     return False
-
-
-def with_flash_attention(implementation, flash_attention):
-    """`implementation` under Keras' `flash_attention` switch (`True`: `"backend"`).
-
-    Raises:
-        ValueError: `flash_attention=True` with `"dense"`, `"fused"` or
-            `"chunked"`; `flash_attention=False` with `"backend"`.
-    """
-    if flash_attention and implementation not in ("auto", "backend"):
-        raise ValueError(
-            "flash_attention=True runs the backend's kernel: use implementation 'auto' or "
-            f"'backend'. Received: implementation={implementation!r}"
-        )
-    if flash_attention is False and implementation == "backend":
-        raise ValueError(
-            "implementation='backend' is the backend's (flash) kernel: it cannot run with "
-            "flash_attention=False. Received: flash_attention=False, implementation='backend'"
-        )
-    return "backend" if flash_attention else implementation
 
 
 def _static(x):
@@ -187,24 +168,11 @@ def _large_negative(dtype):
     return -0.7 * float(np.finfo(keras.backend.standardize_dtype(dtype)).max)
 
 
-def backend_attention(
-    query,
-    key,
-    value,
-    mask=None,
-    is_causal=False,
-    query_start=None,
-    scale=None,
-    dropout=None,
-    window=None,
-    bias=None,
-):
+def backend_attention(query, key, value, spec):
     """`dense_attention(...)[0]` computed by `keras.ops.dot_product_attention`.
 
     Args:
-        query, key, value, mask, is_causal, query_start, scale, window, bias:
-            as `keras_attn.kernels.dense_attention` (the kernel signature).
-        dropout: must be `None` (Keras' op has no dropout).
+        query, key, value, spec: as `keras_attn.kernels.dense_attention`.
 
     Returns:
         `(output, None)`: `(..., Tq, dv)` in the dtype of `value`; rows with
@@ -216,13 +184,13 @@ def backend_attention(
 
     >>> from keras_attn import kernels
     >>> q = keras.random.normal((2, 3, 5, 8))
-    >>> out, _ = kernels.backend_attention(q, q, q, is_causal=True)
-    >>> ref, _ = kernels.dense_attention(q, q, q, is_causal=True)
+    >>> spec = kernels.AttentionSpec(is_causal=True, return_weights=False)
+    >>> out, _ = kernels.backend_attention(q, q, q, spec)
+    >>> ref, _ = kernels.dense_attention(q, q, q, spec)
     >>> print(out.shape, bool(keras.ops.max(keras.ops.abs(out - ref)) < 1e-5))
     (2, 3, 5, 8) True
     """
-    if dropout is not None:
-        raise ValueError("The backend kernel has no dropout: use `dense_attention`.")
+    is_causal, query_start, window, bias = spec.is_causal, spec.query_start, spec.window, spec.bias
     query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
     if _static(value_length) == 0:  # no key: zeros, as every kernel gives them
         return ops.matmul(ops.zeros_like(query[..., :0]), value), None
@@ -235,7 +203,7 @@ def backend_attention(
     positions = masks.position_mask(
         query_length, value_length, is_causal and not native, window, query_start
     )
-    mask = masks.merge_masks(mask, positions)  # what goes to Keras as `mask`
+    mask = masks.merge_masks(spec.mask, positions)  # what goes to Keras as `mask`
     # Every position mask, Keras' causal one included: which rows see a key.
     seen = mask if not native else masks.merge_masks(mask, masks.causal_mask(query_length))
     rows = None if mask is None and native else seen  # Keras' causal mask alone: i sees i
@@ -245,17 +213,13 @@ def backend_attention(
         key, value = (ops.where(some_query, x, ops.zeros_like(x)) for x in (key, value))
     rank = len(query.shape)
     q, k, v = query, key, value
-    if torch and (mask is not None or bias is not None) and _is_float16(query):
-        # Keras' torch op adds its mask to the logits (a large negative, -45852 in float16):
-        # a masked logit that overflowed float16 would still win. In float32 it cannot.
+    if (bias is not None or (torch and mask is not None)) and _is_float16(query):
+        # Keras casts a bias to the inputs' dtype (a float32 bias of 7e4 is inf in float16),
+        # and its torch op adds the mask to the logits (a large negative, -45852 in float16:
+        # a masked logit that overflowed float16 would still win). In float32, neither.
         q, k, v = (ops.cast(x, "float32") for x in (q, k, v))
-    full_bias = None
-    if bias is not None:
-        full_bias = bias.full(
-            bias_lib.query_positions(query_length, value_length, query_start),
-            bias_lib.key_positions(value_length),
-            bias_lib.num_heads_of(query),
-        )
+    full_bias = spec.whole_bias(query, query_length, value_length)
+    if full_bias is not None:
         if mask is not None and torch:  # one of mask and bias (SDPA's rule): the mask folded in
             full_bias = ops.where(mask, full_bias, _large_negative(q.dtype))
             mask = None
@@ -267,7 +231,7 @@ def backend_attention(
         _to_keras(v, rank),
         bias=full_bias,
         mask=None if mask is None else _grid_to_keras(mask, rank, query),
-        scale=default_scale(query, scale),
+        scale=default_scale(query, spec.scale),
         is_causal=native,
     )  # (B, Tq, N, dv)
     out = ops.cast(_from_keras(out, query), value.dtype)[..., : value.shape[-1]]
@@ -275,3 +239,19 @@ def backend_attention(
     if rows is not None:
         out = ops.where(masks.visible_rows(rows), out, ops.zeros_like(out))
     return out, None
+
+
+BACKEND = Kernel(
+    name="backend",
+    run=backend_attention,
+    weights=False,
+    dropout=False,
+    normalize=False,
+    scores=("dot",),
+    memory="the backend's",
+    # Where the backend and device prefer it, unless the call keeps it off (flash_attention
+    # False) or has a position bias on large scores (evaluated whole here).
+    wanted=lambda spec, large, flash_attention: (
+        flash_attention is None and preferred() and not (spec.position_bias and large)
+    ),
+)

@@ -10,7 +10,8 @@ A bias is added to the scaled scores before the masked softmax,
   kernel evaluates only where it needs it: whole for the dense and fused
   kernels, one key block at a time for the chunked kernel (never the
   `(Tq, Tv)` tensor), at the cache's positions for a cached decoding step; or
-- a tuple of these, summed.
+- a tuple of these, or an `AttentionBias` (the container a layer's
+  `attention_bias` becomes), summed.
 
 The query positions are those of the causal mask (`keras_attn.masks.causal_mask`):
 `query_start + i`, `query_start` defaulting to `Tv - Tq` (end-aligned; a
@@ -25,19 +26,79 @@ import keras
 from keras import ops
 
 
-class Bias:
-    """A normalized bias: float32 tensors and position biases, summed.
+class AttentionBias:
+    """An attention bias: float32 tensors and position biases, summed.
 
-    Built by `as_bias`; the kernels read it with `full`, `block` (chunked)
-    and, for the chunked kernel's custom gradient, `inputs` / `gradients`.
+    `AttentionBias(*terms)` takes tensors (broadcastable to the scores) and
+    `keras_attn.PositionBias` layers, in any mix. It is the one form a bias
+    takes from a layer's `attention_bias` argument down to the kernels, and a
+    container Keras does not look into: a layer called with
+    `attention_bias=AttentionBias(tensor, AlibiBias())` neither refuses the
+    mix of tensors and layers nor casts the tensors to a float16 compute
+    dtype (a `-1e9` or `7e4` entry keeps its value). A layer's
+    `attention_bias` also takes a tensor, a position bias or a tuple of them:
+    the layer wraps them in one. The tensors are cast to float32 here.
+
+    Args:
+        *terms: float tensors (or arrays) broadcastable to the scores
+            `(..., Tq, Tv)`, `keras_attn.PositionBias` layers, other
+            `AttentionBias` objects, or `None` (skipped).
+
+    Returns:
+        An object holding `tensors` (float32) and `position_biases`, falsy
+        when both are empty. The kernels read it with `full`, `block`
+        (chunked) and, for the chunked kernel's custom gradient, `inputs` /
+        `with_inputs` / `block_gradients`.
+
+    Raises:
+        TypeError: a term that is neither a float tensor nor a position bias
+            (a boolean mask goes in the mask argument).
+
+    Example:
+
+    >>> scores_bias = keras.ops.zeros((1, 1, 4, 4))
+    >>> layer = keras_attn.ScaledDotAttention()
+    >>> x = keras.random.normal((2, 4, 8))
+    >>> bias = keras_attn.AttentionBias(scores_bias[:, 0], keras_attn.AlibiBias())
+    >>> print(layer(x, x, attention_bias=bias).shape)
+    (2, 4, 8)
     """
 
-    def __init__(self, tensors, functions):
-        self.tensors = list(tensors)
-        self.functions = list(functions)
+    def __init__(self, *terms):
+        self.tensors, self.position_biases = [], []
+        for term in terms:
+            if term is None:
+                continue
+            if isinstance(term, AttentionBias):
+                self.tensors += term.tensors
+                self.position_biases += term.position_biases
+            elif _is_position_bias(term):
+                self.position_biases.append(term)
+            else:
+                self.tensors.append(_float32_tensor(term))
         # The position biases' parameters (e.g. a learned table), as tensors the
         # chunked kernel passes into its custom gradient.
-        self.parameters = [tuple(f.bias_parameters()) for f in self.functions]
+        self.parameters = [tuple(b.bias_parameters()) for b in self.position_biases]
+
+    def __bool__(self):
+        return bool(self.tensors or self.position_biases)
+
+    def __repr__(self):
+        shapes = [tuple(t.shape) for t in self.tensors]
+        names = [type(b).__name__ for b in self.position_biases]
+        return f"AttentionBias(tensors={shapes}, position_biases={names})"
+
+    def map_tensors(self, fn):
+        """A copy with `fn` applied to every tensor (e.g. a query axis added)."""
+        bias = self._copy()
+        bias.tensors = [fn(t) for t in self.tensors]
+        return bias
+
+    def _copy(self):
+        bias = AttentionBias.__new__(AttentionBias)
+        bias.tensors, bias.position_biases = list(self.tensors), list(self.position_biases)
+        bias.parameters = list(self.parameters)
+        return bias
 
     def inputs(self):
         """The tensors a custom gradient takes (and returns gradients for)."""
@@ -46,9 +107,8 @@ class Bias:
     def with_inputs(self, inputs):
         """A copy whose tensors and parameters are `inputs` (same order as `inputs()`)."""
         inputs = list(inputs)
-        bias = Bias.__new__(Bias)
+        bias = self._copy()
         bias.tensors = inputs[: len(self.tensors)]
-        bias.functions = self.functions
         bias.parameters, rest = [], inputs[len(self.tensors) :]
         for params in self.parameters:
             bias.parameters.append(tuple(rest[: len(params)]))
@@ -66,8 +126,8 @@ class Bias:
 
     def _total(self, tensors, query_positions, key_positions, num_heads):
         terms = list(tensors) + [
-            f.position_bias(query_positions, key_positions, params, num_heads=num_heads)
-            for f, params in zip(self.functions, self.parameters, strict=True)
+            b.position_bias(query_positions, key_positions, params, num_heads=num_heads)
+            for b, params in zip(self.position_biases, self.parameters, strict=True)
         ]
         total = terms[0]
         for term in terms[1:]:
@@ -78,10 +138,10 @@ class Bias:
         """The position biases' parameter gradients from one block's `dS` `(..., Tq, Bk)`."""
         d = sum_to_rank(d_scores, 3)  # (h|1, Tq, Bk): the batch axes summed
         grads = []
-        for f, params in zip(self.functions, self.parameters, strict=True):
+        for b, params in zip(self.position_biases, self.parameters, strict=True):
             if params:
                 grads.append(
-                    tuple(f.position_bias_gradient(d, query_positions, key_positions, params))
+                    tuple(b.position_bias_gradient(d, query_positions, key_positions, params))
                 )
             else:
                 grads.append(())
@@ -105,8 +165,21 @@ def _is_position_bias(b):
     return isinstance(b, keras.layers.Layer) and hasattr(b, "position_bias")
 
 
+def _float32_tensor(term):
+    """A float tensor (or array) term of a bias, cast to float32; `TypeError` otherwise."""
+    dtype = getattr(term, "dtype", None)
+    if dtype is None or not keras.backend.is_float_dtype(keras.backend.standardize_dtype(dtype)):
+        what = type(term).__name__ if dtype is None else keras.backend.standardize_dtype(dtype)
+        raise TypeError(
+            "`attention_bias` must be a float tensor broadcastable to the scores, a "
+            "keras_attn.PositionBias layer, or a tuple of these (a boolean mask goes in the "
+            f"mask argument). Received: {what}"
+        )
+    return ops.cast(term, "float32")
+
+
 def as_bias(bias, scores_shape, name="bias"):
-    """`bias` (None, tensor, position bias or a tuple of them) as a `Bias`, or `None`.
+    """`bias` (None, tensor, position bias, a tuple of them, an `AttentionBias`) or `None`.
 
     Tensors are cast to float32 and checked against `scores_shape`
     (`(..., Tq, Tv)`, static where known).
@@ -118,30 +191,15 @@ def as_bias(bias, scores_shape, name="bias"):
     """
     if bias is None:
         return None
-    terms = bias if isinstance(bias, (tuple, list)) else (bias,)
-    tensors, functions = [], []
-    for term in terms:
-        if term is None:
-            continue
-        if _is_position_bias(term):
-            functions.append(term)
-            continue
-        dtype = getattr(term, "dtype", None)
-        if dtype is None or not keras.backend.is_float_dtype(
-            keras.backend.standardize_dtype(dtype)
-        ):
-            what = type(term).__name__ if dtype is None else keras.backend.standardize_dtype(dtype)
-            raise TypeError(
-                f"`{name}` must be a float tensor broadcastable to the scores "
-                f"{tuple(scores_shape)}, a keras_attn.PositionBias layer, or a tuple of these "
-                f"(a boolean mask goes in the mask argument). Received: {what}"
-            )
-        term = ops.cast(term, "float32")
-        _check_broadcast(name, term.shape, scores_shape)
-        tensors.append(term)
-    if not tensors and not functions:
-        return None
-    return Bias(tensors, functions)
+    if not isinstance(bias, AttentionBias):
+        terms = bias if isinstance(bias, (tuple, list)) else (bias,)
+        try:
+            bias = AttentionBias(*terms)
+        except TypeError as error:
+            raise TypeError(str(error).replace("`attention_bias`", f"`{name}`")) from None
+    for tensor in bias.tensors:
+        _check_broadcast(name, tensor.shape, scores_shape)
+    return bias if bias else None
 
 
 def _check_broadcast(name, shape, scores_shape):
@@ -161,14 +219,3 @@ def _check_broadcast(name, shape, scores_shape):
 def num_heads_of(query):
     """The heads axis of `(B, h, Tq, d)` queries; 1 for rank-3 (single-head) queries."""
     return query.shape[-3] if len(query.shape) >= 4 else 1
-
-
-def query_positions(query_length, value_length, query_start=None):
-    """`query_start + [0 .. Tq - 1]` as int32, `query_start` defaulting to `Tv - Tq`."""
-    start = value_length - query_length if query_start is None else query_start
-    return ops.arange(query_length, dtype="int32") + ops.cast(start, "int32")
-
-
-def key_positions(length, start=0):
-    """`start + [0 .. length - 1]` as int32."""
-    return ops.arange(length, dtype="int32") + ops.cast(start, "int32")

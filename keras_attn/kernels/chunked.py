@@ -27,7 +27,9 @@ zero output and zero gradients, never NaN. A NaN or inf key or value at a
 masked position changes nothing (`keras_attn.kernels.finite`).
 """
 
+import dataclasses
 import math
+from typing import Any
 
 import keras
 from keras import ops
@@ -37,6 +39,7 @@ from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
 from keras_attn.kernels._gradient import custom_gradient
 from keras_attn.kernels._shapes import check_qkv, default_scale, dims, swap_last
+from keras_attn.kernels.registry import Kernel
 
 # Start of the running maximum: far below any real score, far above the fill of
 # masked scores (`keras_attn.masks.FILL`), so exp(FILL - m) is exactly 0. A row
@@ -79,43 +82,29 @@ def block_size_for(query, value_length, tile_elements=TILE_ELEMENTS):
     return block
 
 
-def chunked_attention(
-    query,
-    key,
-    value,
-    mask=None,
-    is_causal=False,
-    query_start=None,
-    scale=None,
-    dropout=None,
-    window=None,
-    bias=None,
-    block_size=None,
-):
-    """Scaled dot-product attention in key blocks with an online softmax.
+def chunked_attention(query, key, value, spec, block_size=None):
+    """Attention in key blocks with an online softmax.
 
     Equal to `keras_attn.kernels.dense_attention(...)[0]` (float32: to ~1e-6)
     but the `(Tq, Tv)` weights are never materialised, in the forward or the
     backward pass, eager or traced. There is no dropout and no weights output.
 
-    `output_i = sum_j softmax_j(q_i . k_j * scale) v_j` over the visible keys.
+    `output_i = sum_j softmax_j(s(q_i, k_j) + bias_ij) v_j` over the visible
+    keys, `s` the scaled dot product or a blockwise score (`spec.score` with
+    `kind = "blockwise"`: its `pairwise` runs per block, its
+    `pairwise_gradient` in the backward pass).
 
     Args:
-        query, key, value, is_causal, query_start, scale: as
-            `keras_attn.kernels.dense_attention` (the kernel signature); the
-            causal mask is computed per block of keys.
-        mask: boolean, broadcastable to `(..., Tq, Tv)`, `True` = attend,
-            sliced per block along its key axis: pass a key-padding mask as
-            `(..., 1, Tv)` to keep memory `O(Tv)`.
-        dropout: must be `None` (this kernel has no dropout).
-        window: as `dense_attention`; built per block (`keras_attn.masks.position_mask`).
-        bias: as `dense_attention`; per block, a tensor is sliced along its
-            key axis and a position bias is evaluated at the block's
-            positions only, so no `(Tq, Tv)` bias is ever formed. Its
-            gradient (a tensor's, a learned position bias's parameters') is
-            accumulated block by block.
+        query, key, value, spec: as `keras_attn.kernels.dense_attention`. Per
+            key block: the causal and window masks are built
+            (`keras_attn.masks.position_mask`), `spec.mask` is sliced along its
+            key axis (pass a key-padding mask as `(..., 1, Tv)` to keep memory
+            `O(Tv)`), a bias tensor is sliced and a position bias evaluated at
+            the block's positions only (no `(Tq, Tv)` bias is ever formed; its
+            gradient is accumulated block by block).
         block_size: keys per block `Bk`; `None` picks one so that a float32
-            `(..., Tq, Bk)` tile holds about `TILE_ELEMENTS` values.
+            `(..., Tq, Bk)` tile (times the score's width for a blockwise
+            score) holds about `TILE_ELEMENTS` values.
 
     Returns:
         `(output, None)`: `(..., Tq, dv)` in the dtype of `value`; rows with
@@ -129,8 +118,9 @@ def chunked_attention(
 
     >>> from keras_attn import kernels
     >>> q = keras.random.normal((1, 2, 300, 16))
-    >>> out, _ = kernels.chunked_attention(q, q, q, is_causal=True, block_size=64)
-    >>> ref, _ = kernels.dense_attention(q, q, q, is_causal=True)
+    >>> spec = kernels.AttentionSpec(is_causal=True, return_weights=False)
+    >>> out, _ = kernels.chunked_attention(q, q, q, spec, block_size=64)
+    >>> ref, _ = kernels.dense_attention(q, q, q, spec)
     >>> print(out.shape, bool(keras.ops.max(keras.ops.abs(out - ref)) < 1e-5))
     (1, 2, 300, 16) True
 
@@ -141,98 +131,134 @@ def chunked_attention(
         https://arxiv.org/abs/2112.05682; Dao et al., 2022, "FlashAttention",
         https://arxiv.org/abs/2205.14135
     """
-    if dropout is not None:
-        raise ValueError("The chunked kernel has no dropout: use `dense_attention`.")
-    check_qkv(query, key, value)
-    scale = default_scale(query, scale)
+    check_qkv(query, key, value, same_widths=spec.score is None)
     query_length, value_length = dims(query)[-2], dims(key)[-2]
     static_length = key.shape[-2] if isinstance(key.shape[-2], int) else None
-    if query_start is None:
-        query_start = value_length - query_length
+    query_start = value_length - query_length if spec.query_start is None else spec.query_start
     if static_length == 0:  # no key: every row is zero (and no block to trace)
         return ops.zeros((*dims(query)[:-1], value.shape[-1]), value.dtype), None
     # Non-finite keys and values zeroed and flagged: a NaN at a masked position
     # then reaches no block's sum (keras_attn.kernels.finite).
     value, key, flag = finite.zero_nonfinite(value, key)  # flag: (..., Tv, 1)
-    block = int(block_size or block_size_for(query, static_length))
+    # A blockwise score's tile is (..., Tq, Bk, width): the width counts as more rows.
+    width = 1 if spec.score is None else query.shape[-1] or 1
+    block = int(block_size or block_size_for(query, static_length, TILE_ELEMENTS // width))
     if block <= 0:
         raise ValueError(f"`block_size` must be positive. Received: block_size={block_size}")
     num_blocks = -(-value_length // block)  # an int, or a scalar tensor for an unknown length
     pad = num_blocks * block - value_length
     key, value, flag = (_pad_axis(x, -2, pad) for x in (key, value, flag))
-    tail = not isinstance(pad, int) or pad > 0  # padded keys past the end to hide
-    mask = masks.as_bool_mask(mask)
+    mask = spec.mask
     if mask is not None and mask.shape[-1] != 1:
         mask = _pad_axis(mask, -1, pad, False)
+    bias = spec.bias
     if bias is not None:  # tensors padded to whole blocks, like the keys
         bias = bias.with_inputs(
             [t if t.shape[-1] == 1 else _pad_axis(t, -1, pad) for t in bias.tensors]
             + [p for params in bias.parameters for p in params]
         )
-
     blocks = _Blocks(
-        (mask, query_start, query_length, value_length, num_blocks),
         block=block,
-        is_causal=is_causal,
-        window=window,
-        tail=tail,
-        bias=bias,
+        is_causal=spec.is_causal,
+        window=spec.window,
+        tail=not isinstance(pad, int) or pad > 0,  # padded keys past the end to hide
         num_heads=bias_lib.num_heads_of(query),
+        bias=bias,
+        score=spec.score,
+        mask=mask,
+        query_start=query_start,
+        query_length=query_length,
+        value_length=value_length,
+        num_blocks=num_blocks,
     )
-    q = ops.multiply(query, ops.cast(scale, query.dtype))  # scaling Tq * dk values, not Tq * Tv
+    q = query
+    if spec.score is None:  # scaling Tq * dk values, not Tq * Tv
+        q = ops.multiply(query, ops.cast(default_scale(query, spec.scale), query.dtype))
     return _attend(q, key, value, flag, blocks), None
 
 
-class _Blocks:
-    """What one key block sees: its mask (`visible(j)`) and its bias (`bias_of(j, bias)`).
+# The fields of `_Blocks` that may be tensors: arguments of the custom gradient.
+_CONSTANTS = ("mask", "query_start", "query_length", "value_length", "num_blocks")
 
-    Its tensors (`constants`: the mask, the query start and, where they are
-    tensors, the lengths) enter the custom gradient as arguments, and
-    `with_constants` rebinds them there (`keras_attn.kernels._gradient`).
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Blocks:
+    """What one key block sees: its mask (`visible(j)`), bias (`bias_of`) and scores.
+
+    Its possibly-tensor fields (`_CONSTANTS`) enter the custom gradient as
+    arguments, and `with_constants` rebinds them there
+    (`keras_attn.kernels._gradient`); the bias and the score get theirs
+    through `with_inputs`.
     """
 
-    def __init__(self, constants, **static):
-        self.constants, self.static = tuple(constants), static
-        self.mask, self.query_start, self.query_length, self.value_length = constants[:4]
-        self.num_blocks = constants[4]
-        self.block, self.bias = static["block"], static["bias"]
-        if self.bias is not None:
-            self.query_positions = bias_lib.query_positions(self.query_length, None, constants[1])
+    block: int
+    is_causal: bool
+    window: int | None
+    tail: bool
+    num_heads: int
+    bias: Any
+    score: Any
+    mask: Any
+    query_start: Any
+    query_length: Any
+    value_length: Any
+    num_blocks: Any
+
+    @property
+    def constants(self):
+        return tuple(getattr(self, name) for name in _CONSTANTS)
 
     def with_constants(self, constants):
-        return _Blocks(constants, **self.static)
+        return dataclasses.replace(self, **dict(zip(_CONSTANTS, constants, strict=True)))
+
+    @property
+    def query_positions(self):
+        return masks.query_positions(self.query_length, None, self.query_start)
 
     def visible(self, j):
         """Boolean visibility of block `j`, broadcastable to `(..., Tq, Bk)`, or `None`."""
-        first, block, static, mask = j * self.block, self.block, self.static, self.mask
+        first, block, mask = j * self.block, self.block, self.mask
         if mask is not None and mask.shape[-1] != 1:
             mask = _slice_axis(mask, -1, first, block)
-        causal, window = static["is_causal"], static["window"]
         parts = [
             mask,
-            masks.position_mask(self.query_length, block, causal, window, self.query_start, first),
+            masks.position_mask(
+                self.query_length, block, self.is_causal, self.window, self.query_start, first
+            ),
         ]
-        if static["tail"]:
+        if self.tail:
             parts.append(masks.positions_below(self.value_length, block, start=first))
         return masks.merge_masks(*parts)
 
     def bias_of(self, j, bias):
-        """The float32 bias of block `j` from `bias` (a `Bias` whose inputs are the traced ones)."""
+        """The float32 bias of block `j` from `bias` (an `AttentionBias` of traced inputs)."""
         if bias is None:
             return None
         first = j * self.block
-        keys = bias_lib.key_positions(self.block, first)
+        keys = masks.key_positions(self.block, first)
         return bias.block(
-            self.query_positions, keys, first, self.block, self.static["num_heads"], _slice_axis
+            self.query_positions, keys, first, self.block, self.num_heads, _slice_axis
         )
 
+    def scores(self, j, q, k, bias, score_parameters):
+        """The float32 `(..., Tq, Bk)` scores of block `j`, biased, the masked ones replaced."""
+        k_block = _slice_axis(k, -2, j * self.block, self.block)
+        if self.score is None:
+            scores = ops.matmul(q, swap_last(k_block))
+        else:
+            scores = self.score.pairwise(q, k_block, score_parameters)
+        block_bias = self.bias_of(j, bias)
+        if block_bias is not None:
+            scores = ops.cast(scores, "float32") + block_bias
+        return masks.fill_masked(scores, self.visible(j))
 
-def _scores(q, k_block, visible, bias=None):
-    """The float32 `(..., Tq, Bk)` scores of one block, biased, the masked ones replaced."""
-    scores = ops.matmul(q, swap_last(k_block))
-    if bias is not None:
-        scores = ops.cast(scores, "float32") + bias
-    return masks.fill_masked(scores, visible)
+    def score_gradients(self, j, d_scores, q, k, score_parameters):
+        """`(dQ, dK_j, d_parameters)` of block `j`'s scores, from their gradient `dS`."""
+        k_block = _slice_axis(k, -2, j * self.block, self.block)
+        if self.score is None:
+            d_scores = ops.cast(d_scores, q.dtype)
+            return ops.matmul(d_scores, k_block), ops.matmul(swap_last(d_scores), q), ()
+        return self.score.pairwise_gradient(d_scores, q, k_block, score_parameters)
 
 
 def _fori_loop(num_blocks, body, init):
@@ -257,7 +283,8 @@ def _fori_loop(num_blocks, body, init):
 
 def _attend(q, k, v, flag, blocks):
     bias_inputs = [] if blocks.bias is None else blocks.bias.inputs()
-    count = 3 + len(bias_inputs)
+    score_inputs = [] if blocks.score is None else list(blocks.score.score_parameters())
+    count = 3 + len(bias_inputs) + len(score_inputs)
 
     def attend(*args):
         flag, traced = args[count], blocks.with_constants(args[count + 1 :])
@@ -265,20 +292,24 @@ def _attend(q, k, v, flag, blocks):
         # otherwise record every block's ops and keep their (Tq, Bk) tiles
         # alive (O(Tq Tv) memory; measured at L=8192: 4.5 GiB instead of 1.2).
         stopped = [ops.stop_gradient(x) for x in args[:count]]
-        bias = None if blocks.bias is None else blocks.bias.with_inputs(stopped[3:])
-        out, lse, seen = _forward(*stopped[:3], flag, traced, bias)  # out: float32
+        q, k, v = stopped[:3]
+        bias_end = 3 + len(bias_inputs)
+        bias = None if blocks.bias is None else blocks.bias.with_inputs(stopped[3:bias_end])
+        params = tuple(stopped[bias_end:])
+        out, lse, seen = _forward(q, k, v, flag, traced, bias, params)  # out: float32
 
         def grad(d_out):
-            return _backward(*stopped[:3], out, lse, d_out, traced, bias)
+            return _backward(q, k, v, out, lse, d_out, traced, bias, params)
 
         # NaN on the rows that see a non-finite key or value (forward only).
         seen_out = ops.where(seen > 0, float("nan"), out)
         return ops.cast(seen_out, args[2].dtype), grad
 
-    return custom_gradient(attend, (q, k, v, *bias_inputs), (flag, *blocks.constants))
+    inputs = (q, k, v, *bias_inputs, *score_inputs)
+    return custom_gradient(attend, inputs, (flag, *blocks.constants))
 
 
-def _forward(q, k, v, flag, blocks, bias):
+def _forward(q, k, v, flag, blocks, bias, params):
     block = blocks.block
     rows = dims(q)[:-1]  # (..., Tq)
     m = ops.full(rows + [1], _M_INIT, "float32")
@@ -294,9 +325,7 @@ def _forward(q, k, v, flag, blocks, bias):
 
     def step(j, carry):
         m, l, acc, seen = carry  # noqa: E741
-        s = _scores(
-            q, _slice_axis(k, -2, j * block, block), blocks.visible(j), blocks.bias_of(j, bias)
-        )
+        s = blocks.scores(j, q, k, bias, params)
         m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
         p = ops.exp(s - m_new)
         alpha = ops.exp(m - m_new)
@@ -320,7 +349,7 @@ def _forward(q, k, v, flag, blocks, bias):
     return out, lse, seen
 
 
-def _backward(q, k, v, out, lse, d_out, blocks, bias):
+def _backward(q, k, v, out, lse, d_out, blocks, bias, params):
     block = blocks.block
     # rowsum(dO * O) equals rowsum(P * dP): an O(Tq dv) pass instead of O(Tq Tv).
     d_out32 = ops.cast(d_out, "float32")
@@ -335,28 +364,32 @@ def _backward(q, k, v, out, lse, d_out, blocks, bias):
     dv = ops.zeros(dims(v), v.dtype)
     zeros = [0] * (len(k.shape) - 2)
     d_bias = _BiasGradients(bias, blocks)
+    d_params = tuple(ops.zeros(dims(p), "float32") for p in params)
 
     def step(j, carry):
-        dq, dk, dv, d_bias_carry = carry
-        k_j = _slice_axis(k, -2, j * block, block)  # (..., Bk, dk)
+        dq, dk, dv, d_bias_carry, d_params = carry
         seen = blocks.visible(j)
-        p = ops.exp(_scores(q, k_j, seen, blocks.bias_of(j, bias)) - lse)  # 0 where masked
+        p = ops.exp(blocks.scores(j, q, k, bias, params) - lse)  # 0 where masked
         dv_j = ops.matmul(swap_last(ops.cast(p, v.dtype)), d_out)
         dp = ops.matmul(d_out32, swap_last(_slice_axis(v32, -2, j * block, block)))
         ds = p * (dp - delta)
         if seen is not None:  # dP may be inf at a huge masked value: 0 * inf is NaN
             ds = ops.where(seen, ds, 0.0)
         d_bias_carry = d_bias.add(d_bias_carry, j, ds)
-        ds = ops.cast(ds, q.dtype)
-        dq = dq + ops.cast(ops.matmul(ds, k_j), "float32")
-        dk_j = ops.matmul(swap_last(ds), q)
+        dq_j, dk_j, d_params_j = blocks.score_gradients(j, ds, q, k, params)
+        dq = dq + ops.cast(dq_j, "float32")
+        d_params = tuple(
+            d + ops.cast(g, "float32") for d, g in zip(d_params, d_params_j, strict=True)
+        )
         start = zeros + [j * block, 0]
         dk = ops.slice_update(dk, start, ops.cast(dk_j, dk.dtype))
         dv = ops.slice_update(dv, start, ops.cast(dv_j, dv.dtype))
-        return dq, dk, dv, d_bias_carry
+        return dq, dk, dv, d_bias_carry, d_params
 
-    dq, dk, dv, d_biases = _fori_loop(blocks.num_blocks, step, (dq, dk, dv, d_bias.init()))
-    return (ops.cast(dq, q.dtype), dk, dv, *d_biases)
+    init = (dq, dk, dv, d_bias.init(), d_params)
+    dq, dk, dv, d_biases, d_params = _fori_loop(blocks.num_blocks, step, init)
+    d_params = (ops.cast(d, p.dtype) for d, p in zip(d_params, params, strict=True))
+    return (ops.cast(dq, q.dtype), dk, dv, *d_biases, *d_params)
 
 
 class _BiasGradients:
@@ -382,7 +415,7 @@ class _BiasGradients:
                 shape = tuple(t.shape[:-1]) + (block,)
                 start = [0] * (len(t.shape) - 1) + [first]
                 carry[i] = ops.slice_update(carry[i], start, bias_lib.sum_to_shape(ds, shape))
-        keys = bias_lib.key_positions(block, first)
+        keys = masks.key_positions(block, first)
         grads = self.bias.block_gradients(ds, self.blocks.query_positions, keys)
         i = len(self.bias.tensors)
         for params_grads in grads:
@@ -390,3 +423,15 @@ class _BiasGradients:
                 carry[i] = carry[i] + ops.cast(g, "float32")
                 i += 1
         return tuple(carry)
+
+
+CHUNKED = Kernel(
+    name="chunked",
+    run=chunked_attention,
+    weights=False,
+    dropout=False,
+    normalize=False,
+    scores=("dot", "blockwise"),
+    memory="O(Tq) per key block",
+    wanted=lambda spec, large, flash_attention: large,
+)

@@ -5,12 +5,12 @@ only one that returns the `(..., Tq, Tv)` weights or applies dropout to them.
 `masked_softmax` is the normalization of every attention layer.
 """
 
-from keras import ops
+from keras import ops, random
 
 from keras_attn import masks
-from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
 from keras_attn.kernels._shapes import default_scale, swap_last
+from keras_attn.kernels.registry import Kernel
 
 
 def softmax(x, axis=-1):
@@ -52,62 +52,57 @@ def masked_softmax(scores, mask=None, axis=-1):
     return ops.cast(weights, scores.dtype)
 
 
-def dense_attention(
-    query,
-    key,
-    value,
-    mask=None,
-    is_causal=False,
-    query_start=None,
-    scale=None,
-    dropout=None,
-    window=None,
-    bias=None,
-):
-    """`softmax(q k^T * scale) v` with the weights materialised and returned.
+def dense_attention(query, key, value, spec):
+    """`softmax(s(q, k) + bias) v` with the weights materialised and returned.
 
-    The kernel signature (shared by `fused_attention` and `chunked_attention`):
+    The reference kernel: every call the others run, it runs too, and it is
+    the only one with the weights, dropout, a custom normalization
+    (`spec.normalize`) and any score (`spec.score`).
 
     Args:
         query: `(..., Tq, dk)`.
         key: `(..., Tv, dk)`, with the leading axes of `query`.
         value: `(..., Tv, dv)`, with the leading axes of `query`.
-        mask: boolean, broadcastable to `(..., Tq, Tv)`, `True` = attend.
-        is_causal: query `i` sees keys `j <= query_start + i` only.
-        query_start: the position of the first query among the keys
-            (`keras_attn.masks.causal_mask`); `None` means `Tv - Tq` (end-aligned).
-        scale: score multiplier; `None` means `1 / sqrt(dk)`.
-        dropout: `None`, or a function applied to the weights (dense only).
-        window: `None`, or a positive int: query `i` also sees only keys `j`
-            with `|query_start + i - j| < window` (`keras_attn.masks.window_mask`).
-        bias: `None` or a `keras_attn.kernels.bias.Bias` (from
-            `keras_attn.kernels.bias.as_bias`): added to the scaled scores
-            (float32) before the softmax.
+        spec: the `keras_attn.kernels.AttentionSpec` of the call.
 
     Returns:
         `(output, weights)`: `(..., Tq, dv)` in the dtype of `value` and
-        `(..., Tq, Tv)` in the dtype of the scores. Rows with no visible key
+        `(..., Tq, Tv)` in the dtype of the query. Rows with no visible key
         give zero weights and a zero output. A NaN or inf key or value at a
         masked position changes nothing; at a visible one, the rows that see
         it are NaN (`keras_attn.kernels.finite`); the non-finite keys are
         zeroed too, so a masked NaN key is in no gradient (`dQ = dS K`).
     """
     value, key, flag = finite.zero_nonfinite(value, key)
-    # Tq * dk multiplies, not Tq * Tv (ops.multiply: `query` may be a NumPy array)
-    q = ops.multiply(query, ops.cast(default_scale(query, scale), query.dtype))
-    scores = ops.matmul(q, swap_last(key))  # (..., Tq, Tv)
+    if spec.score is None:
+        # Tq * dk multiplies, not Tq * Tv (ops.multiply: `query` may be a NumPy array)
+        q = ops.multiply(query, ops.cast(default_scale(query, spec.scale), query.dtype))
+        scores = ops.matmul(q, swap_last(key))  # (..., Tq, Tv)
+    else:
+        scores = spec.score.pairwise(query, key, spec.score.score_parameters())
+    if spec.score is not None or spec.normalize is not None:
+        # A non-finite key or value was zeroed: its score is NaN, so that the rows that
+        # see it are NaN whatever the score or the normalization makes of it (a selection).
+        scores = finite.nan_scores_where_flagged(scores, ops.cast(flag, scores.dtype))
     query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
-    positions = masks.position_mask(query_length, value_length, is_causal, window, query_start)
-    mask = masks.merge_masks(mask, positions)
+    mask = spec.whole_mask(query_length, value_length)
+    bias = spec.whole_bias(query, query_length, value_length)
     if bias is not None:  # in float32: a bias on float16 scores could overflow
-        bias = bias.full(
-            bias_lib.query_positions(query_length, value_length, query_start),
-            bias_lib.key_positions(value_length),
-            bias_lib.num_heads_of(query),
-        )
         scores = ops.cast(scores, "float32") + bias
-    weights = ops.cast(masked_softmax(scores, mask), query.dtype)
-    if dropout is not None:
-        weights = dropout(weights)
+    normalize = masked_softmax if spec.normalize is None else spec.normalize
+    weights = ops.cast(normalize(scores, mask), query.dtype)
+    if spec.dropout:
+        weights = random.dropout(weights, spec.dropout_rate, seed=spec.seed)
     w = ops.cast(weights, value.dtype)
     return finite.nan_where_seen(ops.matmul(w, value), w, flag), weights
+
+
+DENSE = Kernel(
+    name="dense",
+    run=dense_attention,
+    weights=True,
+    dropout=True,
+    normalize=True,
+    scores=("dot", "blockwise", "any"),
+    memory="O(Tq Tv)",
+)

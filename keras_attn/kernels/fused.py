@@ -27,28 +27,16 @@ from keras_attn.kernels import finite
 from keras_attn.kernels._gradient import custom_gradient
 from keras_attn.kernels._shapes import default_scale, swap_last
 from keras_attn.kernels.dense import softmax
+from keras_attn.kernels.registry import Kernel
 
 
-def fused_attention(
-    query,
-    key,
-    value,
-    mask=None,
-    is_causal=False,
-    query_start=None,
-    scale=None,
-    dropout=None,
-    window=None,
-    bias=None,
-):
+def fused_attention(query, key, value, spec):
     """`dense_attention(...)[0]` without dropout or weights, with a custom gradient.
 
     Args:
-        query, key, value, mask, is_causal, query_start, scale, window: as
-            `keras_attn.kernels.dense_attention` (the kernel signature).
-        bias: as `dense_attention`: evaluated whole (float32) and added to
-            the scores; its gradient is `dS` summed to the bias's shape.
-        dropout: must be `None` (this kernel has no dropout).
+        query, key, value, spec: as `keras_attn.kernels.dense_attention`; a
+            bias is evaluated whole (float32) and added to the scores, its
+            gradient `dS` summed to the bias's shape.
 
     Returns:
         `(output, None)`: `(..., Tq, dv)` in the dtype of `value`; rows with
@@ -60,8 +48,9 @@ def fused_attention(
 
     >>> from keras_attn import kernels
     >>> q = keras.random.normal((2, 3, 5, 8))
-    >>> out, _ = kernels.fused_attention(q, q, q, is_causal=True)
-    >>> ref, _ = kernels.dense_attention(q, q, q, is_causal=True)
+    >>> spec = kernels.AttentionSpec(is_causal=True, return_weights=False)
+    >>> out, _ = kernels.fused_attention(q, q, q, spec)
+    >>> ref, _ = kernels.dense_attention(q, q, q, spec)
     >>> print(out.shape, bool(keras.ops.max(keras.ops.abs(out - ref)) < 1e-5))
     (2, 3, 5, 8) True
 
@@ -70,19 +59,11 @@ def fused_attention(
         https://arxiv.org/abs/1706.03762; the backward pass as in Dao et al.,
         2022, "FlashAttention", https://arxiv.org/abs/2205.14135
     """
-    if dropout is not None:
-        raise ValueError("The fused kernel has no dropout: use `dense_attention`.")
     query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
-    positions = masks.position_mask(query_length, value_length, is_causal, window, query_start)
-    mask = masks.merge_masks(mask, positions)
-    q = ops.multiply(query, ops.cast(default_scale(query, scale), query.dtype))  # Tq * dk values
+    mask = spec.whole_mask(query_length, value_length)
+    q = ops.multiply(query, ops.cast(default_scale(query, spec.scale), query.dtype))  # Tq * dk
     value, key, flag = finite.zero_nonfinite(value, key)
-    if bias is not None:
-        bias = bias.full(
-            bias_lib.query_positions(query_length, value_length, query_start),
-            bias_lib.key_positions(value_length),
-            bias_lib.num_heads_of(query),
-        )
+    bias = spec.whole_bias(query, query_length, value_length)
     out = _attend(q, key, value, mask, flag, bias)
     if mask is not None:
         out = ops.where(masks.visible_rows(mask), out, ops.zeros_like(out))
@@ -132,3 +113,14 @@ def _attend(q, k, v, mask, flag, bias=None):
         return seen_out, grad
 
     return custom_gradient(attend, inputs, (mask, flag))
+
+
+FUSED = Kernel(
+    name="fused",
+    run=fused_attention,
+    weights=False,
+    dropout=False,
+    normalize=False,
+    scores=("dot",),
+    memory="O(Tq Tv), fewer passes",
+)

@@ -1,0 +1,88 @@
+"""`AttentionSpec`: everything one attention call asks of a kernel, in one immutable object.
+
+A layer (or `keras_attn.ops.attention`) builds one spec per call and hands it,
+with the query, key and value, to the kernel the registry chooses
+(`keras_attn.kernels.choose`); every kernel is `kernel(query, key, value,
+spec) -> (output, weights or None)`.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from keras_attn import masks
+from keras_attn.kernels import bias as bias_lib
+from keras_attn.kernels.bias import AttentionBias
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AttentionSpec:
+    """What a call asks: masks, positions, bias, scale, score, dropout and the weights.
+
+    Attributes:
+        mask: boolean, broadcastable to `(..., Tq, Tv)`, `True` = attend, or
+            `None`. Keep it factored (`(B, 1, 1, Tv)` for padded keys): the
+            chunked kernel slices it per key block.
+        is_causal: query `i` sees keys `j <= query_start + i` only.
+        query_start: the position of the first query among the keys (the
+            causal mask's, the window's and the position biases'); `None`
+            means `Tv - Tq` (end-aligned). A cached step passes its index.
+        window: `None`, or a positive int: query `i` sees key `j` only if
+            `|query_start + i - j| < window`.
+        bias: `None` or an `AttentionBias` (`keras_attn.kernels.bias.as_bias`),
+            added to the scores in float32.
+        scale: multiplier of the dot-product scores; `None` means
+            `1 / sqrt(dk)`. Unused with a `score`.
+        score: `None` (the dot product `q . k * scale`), or a pairwise score
+            (`keras_attn.scores.Score`: `pairwise(q, k, parameters)` on
+            inputs it already prepared, e.g. Bahdanau's `v^T tanh(q + k)`).
+        dropout_rate, seed, training: dropout on the weights, active when
+            `dropout_rate` and `training` are both truthy.
+        return_weights: whether the caller needs the `(..., Tq, Tv)` weights.
+        normalize: `None` (the masked softmax), or `normalize(scores, mask)
+            -> weights` (hard attention's selection); masked positions must
+            get exactly zero weight.
+    """
+
+    mask: Any = None
+    is_causal: bool = False
+    query_start: Any = None
+    window: int | None = None
+    bias: AttentionBias | None = None
+    scale: float | None = None
+    score: Any = None
+    dropout_rate: float = 0.0
+    seed: Any = None
+    training: bool | None = False
+    return_weights: bool = True
+    normalize: Callable | None = None
+
+    @property
+    def dropout(self) -> bool:
+        """Whether dropout is active in this call."""
+        return bool(self.dropout_rate) and not (self.training is None or self.training is False)
+
+    @property
+    def position_bias(self) -> bool:
+        """Whether the bias holds a position bias (a function of positions)."""
+        return self.bias is not None and bool(self.bias.position_biases)
+
+    def whole_mask(self, query_length, value_length):
+        """The mask merged with the causal and window masks over the whole `(Tq, Tv)` grid."""
+        positions = masks.position_mask(
+            query_length, value_length, self.is_causal, self.window, self.query_start
+        )
+        return masks.merge_masks(self.mask, positions)
+
+    def whole_bias(self, query, query_length, value_length):
+        """The float32 bias over the whole `(Tq, Tv)` grid of `query`'s heads, or `None`."""
+        if self.bias is None:
+            return None
+        return self.bias.full(
+            masks.query_positions(query_length, value_length, self.query_start),
+            masks.key_positions(value_length),
+            bias_lib.num_heads_of(query),
+        )
+
+    def replace(self, **changes) -> "AttentionSpec":
+        return dataclasses.replace(self, **changes)
