@@ -194,10 +194,10 @@ class AdditiveScore(Score):
 
     def prepare(self, query, key):
         """`(U q, W k + b)`: `(..., Tq, units)`, `(..., Tv, units)`."""
-        projected_query = kops.matmul(query, self.query_kernel)
-        projected_key = kops.matmul(key, self.key_kernel)
+        projected_query = kops.matmul(query, kops.cast(self.query_kernel, query.dtype))
+        projected_key = kops.matmul(key, kops.cast(self.key_kernel, key.dtype))
         if self.bias is not None:
-            projected_key = projected_key + self.bias
+            projected_key = projected_key + kops.cast(self.bias, key.dtype)
         return projected_query, projected_key
 
     def score_parameters(self):
@@ -206,7 +206,9 @@ class AdditiveScore(Score):
 
     def pairwise(self, query, key, parameters=()):
         (v,) = parameters or self.score_parameters()
-        return attn_ops.additive_score(query, key, kops.cast(v, query.dtype))
+        dtype = self.compute_dtype  # the score's, whatever a backend promoted its inputs to
+        query, key, v = (kops.cast(t, dtype) for t in (query, key, v))
+        return attn_ops.additive_score(query, key, v)
 
     def pairwise_gradient(self, d_scores, query, key, parameters):
         """`s_ij = v . tanh(q_i + k_j)`: `dh = dS v (1 - h^2)`, summed over j (dq), i (dk)."""
