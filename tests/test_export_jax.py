@@ -39,7 +39,7 @@ def np_(x):
 # Every kernel of the table (a new one included), and the chunked one over several blocks.
 KERNEL_CALLS = {
     **kernels.KERNELS,
-    "chunked (3 key blocks)": lambda *args, **kw: chunked_attention(*args, **kw, block_size=4),
+    "chunked (3 key blocks)": lambda q, k, v, spec: chunked_attention(q, k, v, spec, block_size=4),
 }
 
 
@@ -60,7 +60,10 @@ def test_grad_of_a_jitted_kernel_equals_the_formulas(name):
 
     def loss(q, k, v, bias):
         scores_bias = bias_lib.as_bias(bias, (B, H, TQ, TV))
-        out, _ = KERNEL_CALLS[name](q, k, v, mask=keep, is_causal=True, bias=scores_bias)
+        spec = kernels.AttentionSpec(
+            mask=keep, is_causal=True, bias=scores_bias, return_weights=False
+        )
+        out, _ = KERNEL_CALLS[name](q, k, v, spec)
         return jnp.sum(out * cotangent)
 
     def reference(q, k, v, bias):
