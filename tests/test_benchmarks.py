@@ -4,6 +4,7 @@ Nothing here asserts a timing: the smoke shapes are tiny and the machine is shar
 """
 
 import json
+import math
 import os
 import sys
 
@@ -11,7 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks/` is not an installed package
     sys.path.insert(0, ROOT)
 
-from benchmarks import cases, run, timing  # noqa: E402
+import keras  # noqa: E402
+
+from benchmarks import cases, eager, run, timing  # noqa: E402
 
 TIMES = {"times_s", "cpu_s", "median_s", "min_s", "max_s", "first_call_s", "tokens_per_s", "gflops"}
 RATIO = {"median", "min", "max", "samples"}
@@ -110,3 +113,31 @@ def test_targets_read_the_rows():
     # Keras at 160 of the 200 GFLOP/s the matmul reaches: ours can be 1.25x at most.
     assert abs(found[0]["ceiling"] - 200.0 / 160.0) < 1e-12
     assert found[2]["ceiling"] is None
+
+
+def test_eager_smoke_prints_every_row_with_positive_finite_ratios(tmp_path, capsys):
+    path = tmp_path / "eager.json"
+    report = eager.main(["--smoke", "--json", str(path)])
+    assert json.loads(path.read_text())["meta"]["mode"] == "smoke"
+    rows = report["eager"]
+    assert [(r["section"], r["length"], r["variant"]) for r in rows] == [
+        ("mha", 1, None),
+        ("decoder", 1, None),
+        ("cached_step", 1, "KVCache"),
+        ("cached_step", 1, "keras-hub cache"),
+    ]
+    train = report["train"]
+    assert len(train) == 1 and (train[0]["status"] == "ok") == (keras.backend.backend() == "torch")
+    for row in rows + train:
+        if row["status"] == "skipped":  # keras-hub missing, or the training row off torch
+            continue
+        ratios = [row["ratio"][k] for k in ("median", "min", "max")] + row["ratio"]["samples"]
+        assert all(math.isfinite(r) and r > 0 for r in ratios), row["ratio"]
+        # The weights are copied from the peer: both compute the same function.
+        assert row.get("max_abs_diff", 0.0) < 1e-4
+
+    printed = capsys.readouterr().out
+    assert "| MHA vs keras MHA, causal | 1x1x256 |" in printed
+    assert "| DecoderBlock vs keras-hub TransformerDecoder | 1x1x256 |" in printed
+    assert "(KVCache) vs keras-hub (its cache) | 1x1x256 |" in printed
+    assert "| causal self-attention, MSE, SGD | 2x16x32 |" in printed
