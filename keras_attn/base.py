@@ -167,9 +167,6 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         value, key = masks.zero_padded(value, value_mask), masks.zero_padded(key, value_mask)
         query, key, value = self.project_inputs(query, key, value)
         score = self.score_layer
-        # In the compute dtype, as the score's own call had them (torch may hand a
-        # masked query back in float32 under a float64 policy).
-        query, key = (keras.ops.cast(t, self.compute_dtype) for t in (query, key))
         score.check_inputs(query, key)
         query, key = score.prepare(query, key)  # (B, Tq, d), (B, Tv, d)
         dot = score.kind == "dot"

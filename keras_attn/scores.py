@@ -194,10 +194,10 @@ class AdditiveScore(Score):
 
     def prepare(self, query, key):
         """`(U q, W k + b)`: `(..., Tq, units)`, `(..., Tv, units)`."""
-        projected_query = kops.matmul(query, kops.cast(self.query_kernel, query.dtype))
-        projected_key = kops.matmul(key, kops.cast(self.key_kernel, key.dtype))
+        projected_query = kops.matmul(query, self.query_kernel)
+        projected_key = kops.matmul(key, self.key_kernel)
         if self.bias is not None:
-            projected_key = projected_key + kops.cast(self.bias, key.dtype)
+            projected_key = projected_key + self.bias
         return projected_query, projected_key
 
     def score_parameters(self):

@@ -204,16 +204,19 @@ class _Blocks:
     value_length: Any
     num_blocks: Any
 
+    # The bias's query positions, computed once from the traced constants (`with_constants`).
+    query_positions: Any = None
+
     @property
     def constants(self):
         return tuple(getattr(self, name) for name in _CONSTANTS)
 
     def with_constants(self, constants):
-        return dataclasses.replace(self, **dict(zip(_CONSTANTS, constants, strict=True)))
-
-    @property
-    def query_positions(self):
-        return masks.query_positions(self.query_length, None, self.query_start)
+        traced = dataclasses.replace(self, **dict(zip(_CONSTANTS, constants, strict=True)))
+        if self.bias is None:
+            return traced
+        positions = masks.query_positions(traced.query_length, None, traced.query_start)
+        return dataclasses.replace(traced, query_positions=positions)
 
     def visible(self, j):
         """Boolean visibility of block `j`, broadcastable to `(..., Tq, Bk)`, or `None`."""
