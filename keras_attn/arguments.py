@@ -58,6 +58,12 @@ def check_dim(name_a, dim_a, name_b, dim_b, what):
         )
 
 
+def dim(x, axis):
+    """The size of `x` on `axis`: the static int where known (no shape op), else a scalar tensor."""
+    size = x.shape[axis]
+    return size if size is not None else keras.ops.shape(x)[axis]
+
+
 def check_floating(name, x):
     """`TypeError` unless `x` is a floating-point tensor.
 

@@ -15,7 +15,7 @@ import keras
 from keras_attn import masks, scores
 from keras_attn import ops as attn_ops
 from keras_attn._typing import TensorLike
-from keras_attn.arguments import check_rate
+from keras_attn.arguments import check_rate, dim
 from keras_attn.layer_io import AttentionLayer, check_input_shapes, prepare_query, zero_unseen_rows
 
 
@@ -194,10 +194,9 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
             query, key, value, spec=spec, implementation=self.implementation
         )
         output = self.project_output(self.combine(output, weights))
-        rows = masks.visible_query_rows(
-            keras.ops.shape(query)[1], keras.ops.shape(key)[1], query_mask, value_mask,
-            attention_mask, use_causal_mask,
-        )  # fmt: skip
+        rows = spec.visible_query_rows(
+            dim(query, 1), dim(key, 1), query_mask, value_mask, attention_mask
+        )
         output, weights = zero_unseen_rows(output, weights, rows)
         if single_query:
             output = output[:, 0]

@@ -13,6 +13,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn._typing import Length, TensorLike
+from keras_attn.arguments import dim
 
 
 class KVCache(NamedTuple):
@@ -95,13 +96,15 @@ def write(
         `index`, a scalar bool tensor: whether the new tokens fit (see
         `check_index`).
     """
-    query_length = ops.shape(key)[2]
-    in_range = check_index(index, query_length, ops.shape(cache.key)[2])
-    zero = ops.zeros((), "int32")
-    index = ops.cast(index, "int32")
+    query_length = dim(key, 2)
+    in_range = check_index(index, query_length, dim(cache.key, 2))
+    if in_range is None:  # an int index: static start indices, no op to build them
+        zero, index = 0, int(index)
+    else:
+        zero, index = ops.zeros((), "int32"), ops.cast(index, "int32")
     start = (zero, zero, index, zero)
     if valid is None:
-        valid = ops.ones((ops.shape(key)[0], query_length), "bool")
+        valid = ops.ones((dim(key, 0), query_length), "bool")
     # slice_update of a bool tensor is not supported on every backend: as int32.
     new_valid = ops.slice_update(
         ops.cast(cache.valid, "int32"), (zero, index), ops.cast(valid, "int32")

@@ -21,6 +21,8 @@ functions and build no mask of their own:
 - `zero_padded`: padded steps of an input set to 0 before any projection.
 """
 
+import functools
+
 import keras
 import numpy as np
 from keras import ops
@@ -102,18 +104,90 @@ def position_mask(
     window: int | None = None,
     query_start: Length | None = None,
     key_start: Length = 0,
+    constant: bool = False,
 ) -> TensorLike | None:
     """The masks that are functions of positions, merged: causal and window; `None` if neither.
 
     What a kernel builds whole (dense, fused) or per key block (chunked,
-    with the block's `key_start`).
+    with the block's `key_start`). With `constant=True` and every length and
+    start a Python int, the mask is computed once with NumPy (cached) and
+    converted: one op in place of seven, for an eager call (a traced call
+    keeps the ops: a constant would put the `(Tq, Tv)` mask in its graph).
     """
+    if constant and (is_causal or window is not None):
+        query_start = _static_start(query_length, value_length, query_start)
+        if _all_ints(query_length, value_length, query_start, key_start):
+            return ops.convert_to_tensor(
+                _numpy_position_mask(
+                    int(query_length),
+                    int(value_length),
+                    bool(is_causal),
+                    window,
+                    int(query_start),
+                    int(key_start),
+                )  # fmt: skip
+            )
     parts = []
     if is_causal:
         parts.append(causal_mask(query_length, value_length, query_start, key_start))
     if window is not None:
         parts.append(window_mask(query_length, value_length, window, query_start, key_start))
     return merge_masks(*parts)
+
+
+def _all_ints(*values) -> bool:
+    return all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
+
+
+def _static_start(query_length, value_length, query_start):
+    """`query_start`, its default `Tv - Tq` where both lengths are ints (else as given)."""
+    if query_start is None and _all_ints(query_length, value_length):
+        return int(value_length) - int(query_length)
+    return query_start
+
+
+@functools.lru_cache(maxsize=128)
+def _numpy_position_mask(query_length, value_length, is_causal, window, query_start, key_start):
+    rows = np.arange(query_length)[:, None] + query_start
+    cols = np.arange(value_length)[None, :] + key_start
+    mask = np.ones((query_length, value_length), bool)
+    if is_causal:
+        mask &= rows >= cols
+    if window is not None:
+        mask &= np.abs(rows - cols) < window
+    mask.flags.writeable = False
+    return mask
+
+
+def position_rows_visible(
+    query_length: Length,
+    value_length: Length,
+    is_causal: bool = False,
+    window: int | None = None,
+    query_start: Length | None = None,
+) -> bool:
+    """Whether every query row is known, before the call, to see a key under the position masks.
+
+    `True` only when the lengths and the start are Python ints (static
+    shapes) and each row `p_i = query_start + i` has a key in its range
+    (causal: some `j <= p_i`; window: some `j` with `|p_i - j| < window`):
+    then zeroing the rows that see nothing is a no-op and a kernel or layer
+    skips it. `False` when it cannot tell.
+    """
+    query_start = _static_start(query_length, value_length, query_start)
+    if not _all_ints(query_length, value_length, query_start):
+        return False
+    if int(value_length) == 0:
+        return int(query_length) == 0
+    p = np.arange(int(query_length)) + int(query_start)
+    hi = np.full_like(p, int(value_length) - 1)
+    lo = np.zeros_like(p)
+    if is_causal:
+        hi = np.minimum(hi, p)
+    if window is not None:
+        hi = np.minimum(hi, p + window - 1)
+        lo = np.maximum(lo, p - window + 1)
+    return bool(np.all(hi >= lo))
 
 
 def check_window(window: int | None, name: str = "window") -> int | None:
@@ -295,7 +369,7 @@ def visible_query_rows(
     query_mask: TensorLike | None = None,
     value_mask: TensorLike | None = None,
     attention_mask: TensorLike | None = None,
-    use_causal_mask: bool = False,
+    is_causal: bool = False,
     query_start: Length | None = None,
     window: int | None = None,
 ) -> TensorLike | None:
@@ -315,7 +389,7 @@ def visible_query_rows(
     """
     empty = isinstance(value_length, int) and value_length == 0
     if attention_mask is not None or empty:
-        positions = position_mask(query_length, value_length, use_causal_mask, window, query_start)
+        positions = position_mask(query_length, value_length, is_causal, window, query_start)
         attention_mask = merge_masks(attention_mask, None if positions is None else positions[None])
         mask = compute_attention_mask(
             query_length, value_length, query_mask, value_mask, attention_mask
@@ -325,10 +399,14 @@ def visible_query_rows(
         return visible_rows(mask)
     value_mask = as_bool_mask(value_mask, "value_mask")
     seen = None
-    if use_causal_mask or window is not None:
+    # Static lengths where every row sees a key: only the query mask is left.
+    static = value_mask is None and position_rows_visible(
+        query_length, value_length, is_causal, window, query_start
+    )
+    if (is_causal or window is not None) and not static:
         start = value_length - query_length if query_start is None else query_start
         p = ops.arange(query_length, dtype="int32") + ops.cast(start, "int32")  # (Tq,)
-        hi = p if use_causal_mask else None
+        hi = p if is_causal else None
         lo = None
         if window is not None:
             hi = ops.minimum(hi, p + window - 1) if hi is not None else p + window - 1

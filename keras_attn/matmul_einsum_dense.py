@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_attn._execution import is_eager
+
 
 class MatmulEinsumDense(keras.layers.EinsumDense):
     """An `EinsumDense` contracting the last `n` input axes, run as one 2-D matmul.
@@ -16,6 +18,11 @@ class MatmulEinsumDense(keras.layers.EinsumDense):
     on a whole MHA training step: 5-15 % faster. The activation, LoRA
     (through `kernel`) and the regularizers are those of `EinsumDense`; a
     quantized layer keeps `EinsumDense.call`.
+
+    An eager call (`keras_attn._execution.is_eager`: TensorFlow outside
+    `tf.function`, torch, concrete JAX arrays) runs `EinsumDense.call` too:
+    one einsum costs fewer op dispatches than three reshapes and a matmul,
+    and eagerly the dispatches are most of a small call's time.
     """
 
     def __init__(self, equation, contract_axes, **kwargs):
@@ -27,7 +34,7 @@ class MatmulEinsumDense(keras.layers.EinsumDense):
         super().quantize(mode, type_check=False, config=config)
 
     def call(self, inputs, training=None):
-        if self.quantization_mode is not None:
+        if self.quantization_mode is not None or is_eager(inputs):
             return super().call(inputs, training=training)
         n = self.contract_axes
         kernel = ops.cast(self.kernel, self.compute_dtype)

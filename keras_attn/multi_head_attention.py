@@ -25,6 +25,7 @@ from keras_attn.arguments import (
     check_rate,
     clone_initializer,
     deserialize_optional_layer,
+    dim,
     serialize_optional_layer,
 )
 from keras_attn.cache import KVCache, as_kv_cache, write
@@ -636,11 +637,13 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         if self.use_gate:
             heads = heads * ops.cast(self._gate_dense(query), heads.dtype)
         output = self._output_dense(heads)  # (B, Tq, *output_shape)
-        rows = masks.visible_query_rows(
-            ops.shape(q)[2], ops.shape(k)[2], query_mask, key_mask,
-            None if heads_mask is None else ops.any(heads_mask, axis=1),
-            use_causal_mask, query_start=start, window=self.sliding_window,
-        )  # fmt: skip
+        if cached and not cross and all(m is None for m in (query_mask, value_mask, heads_mask)):
+            rows = None  # a self-attention step: each new token is written valid and sees itself
+        else:
+            rows = spec.visible_query_rows(
+                dim(q, 2), dim(k, 2), query_mask, key_mask,
+                None if heads_mask is None else ops.any(heads_mask, axis=1),
+            )  # fmt: skip
         # (B|1, Tq|1, 1): padded rows and rows that see nothing give zeros
         output, weights = zero_unseen_rows(output, weights, rows)
         if in_range is not None:  # a tensor cache index past the end: NaN, never clamped

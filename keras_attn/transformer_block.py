@@ -8,6 +8,7 @@ or implicit (a Keras mask), so nothing they hold reaches an output or a gradient
 """
 
 import keras
+from keras.src.backend.common.masking import get_keras_mask
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
@@ -63,20 +64,10 @@ BLOCK_ARGS = """
 """
 
 
-class ImplicitMask(keras.layers.Layer):
-    """Returns the implicit Keras mask of its input (all `True` when it has none)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.supports_masking = True
-
-    def call(self, inputs, mask=None):
-        if mask is None:
-            return keras.ops.ones(keras.ops.shape(inputs)[:2], "bool")
-        return masks.as_bool_mask(mask)
-
-    def compute_mask(self, inputs, mask=None):
-        return None
+def implicit_mask(x):
+    """The Keras mask `x` carries (`_keras_mask`, set by an `Embedding(mask_zero=True)` or a
+    `Masking` layer before it), or `None`: what Keras itself hands a layer as `mask`."""
+    return get_keras_mask(x)
 
 
 class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
@@ -141,7 +132,6 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         self.sliding_window = masks.check_window(sliding_window, "sliding_window")
         self.seed = seed
         self.supports_masking = True
-        self._implicit_mask = ImplicitMask(dtype=self.dtype_policy)
 
     def _model_dim(self, shape, name, built_width=None):
         width = shape[-1]
@@ -174,9 +164,15 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         check_dim(mask_name, mask.shape[0], name, sequence.shape[0], "batch size")
 
     def _padding(self, sequence, padding_mask):
-        """`(sequence with its padded steps zeroed, bool (B, T) mask)`: explicit, else implicit."""
+        """`(sequence with its padded steps zeroed, bool (B, T) mask)`: explicit, else implicit.
+
+        No mask at all (neither passed nor carried): `(sequence, None)`, so
+        that nothing downstream pays for a mask of all `True`.
+        """
         if padding_mask is None:
-            padding_mask = self._implicit_mask(sequence)  # all True without a Keras mask
+            padding_mask = implicit_mask(sequence)
+            if padding_mask is None:
+                return sequence, None
         padding_mask = masks.as_bool_mask(padding_mask)
         return masks.zero_padded(sequence, padding_mask), padding_mask
 

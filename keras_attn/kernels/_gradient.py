@@ -21,9 +21,16 @@ polymorphic batch "Symbolic dimension comparison ... is inconclusive").
 Passed as arguments, they are ordinary operands of the custom VJP, on every
 backend (TensorFlow's `tf.custom_gradient` and torch's `autograd.Function`
 take them as inputs that get a `None` gradient).
+
+An eager call that nothing will differentiate (`_execution.records_gradients`
+is False: inference outside a tape, `torch.no_grad`, concrete JAX arrays)
+runs `fun` directly: the same output, without the backend's custom-gradient
+machinery (on TensorFlow, most of a small eager call's time in it).
 """
 
 from keras import ops
+
+from keras_attn._execution import records_gradients
 
 
 def custom_gradient(fun, inputs, constants=()):
@@ -40,6 +47,8 @@ def custom_gradient(fun, inputs, constants=()):
         `output`.
     """
     inputs, constants = tuple(inputs), tuple(constants)
+    if not records_gradients(*inputs):
+        return fun(*inputs, *constants)[0]
     tensor_at = [i for i, c in enumerate(constants) if ops.is_tensor(c)]
     count = len(inputs)
 

@@ -4,6 +4,8 @@ import math
 
 from keras import ops
 
+from keras_attn.arguments import dim
+
 
 def swap_last(x):
     """`(..., a, b) -> (..., b, a)`."""
@@ -66,6 +68,13 @@ def check_qkv(query, key, value, same_widths=True):
         )
 
 
+def lengths(query, key):
+    """`(Tq, Tv)`: the lengths (axis -2) of `query` and `key`, static where known."""
+    return dim(query, -2), dim(key, -2)
+
+
 def dims(x):
-    """Static dimensions where known, scalar tensors elsewhere."""
+    """Static dimensions where known, scalar tensors elsewhere (no shape op when all are known)."""
+    if None not in x.shape:
+        return list(x.shape)
     return [s if s is not None else d for s, d in zip(x.shape, ops.shape(x), strict=True)]

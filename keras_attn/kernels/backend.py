@@ -42,7 +42,7 @@ from keras import ops
 
 from keras_attn import masks
 from keras_attn.kernels import finite
-from keras_attn.kernels._shapes import default_scale, dims, swap_last
+from keras_attn.kernels._shapes import default_scale, dims, lengths, swap_last
 from keras_attn.kernels.registry import Kernel
 
 # Whether `"auto"` takes the backend kernel on torch with the CPU as its
@@ -131,6 +131,8 @@ def _grid_to_keras(m, rank, like):
 
 def _nan_where_seen(out, mask, flag):
     """NaN on the rows of `out` whose `mask` (or every row, `None`) lets them see a flagged key."""
+    if flag is None:  # nothing flagged
+        return out
 
     def mark():
         flagged = swap_last(flag) > 0  # (..., 1, Tv)
@@ -191,7 +193,7 @@ def backend_attention(query, key, value, spec):
     (2, 3, 5, 8) True
     """
     is_causal, query_start, window, bias = spec.is_causal, spec.query_start, spec.window, spec.bias
-    query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
+    query_length, value_length = lengths(query, key)
     if _static(value_length) == 0:  # no key: zeros, as every kernel gives them
         return ops.matmul(ops.zeros_like(query[..., :0]), value), None
     torch = keras.backend.backend() == "torch"

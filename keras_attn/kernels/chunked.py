@@ -140,6 +140,8 @@ def chunked_attention(query, key, value, spec, block_size=None):
     # Non-finite keys and values zeroed and flagged: a NaN at a masked position
     # then reaches no block's sum (keras_attn.kernels.finite).
     value, key, flag = finite.zero_nonfinite(value, key)  # flag: (..., Tv, 1)
+    if flag is None:  # nothing flagged (an eager call on finite inputs)
+        flag = ops.zeros_like(value[..., :1])
     # A blockwise score's tile is (..., Tq, Bk, width): the width counts as more rows.
     width = 1 if spec.score is None else query.shape[-1] or 1
     block = int(block_size or block_size_for(query, static_length, TILE_ELEMENTS // width))

@@ -8,8 +8,9 @@ only one that returns the `(..., Tq, Tv)` weights or applies dropout to them.
 from keras import ops, random
 
 from keras_attn import masks
+from keras_attn._execution import is_eager
 from keras_attn.kernels import finite
-from keras_attn.kernels._shapes import default_scale, swap_last
+from keras_attn.kernels._shapes import default_scale, lengths, swap_last
 from keras_attn.kernels.registry import Kernel
 
 
@@ -83,9 +84,11 @@ def dense_attention(query, key, value, spec):
     if spec.score is not None or spec.normalize is not None:
         # A non-finite key or value was zeroed: its score is NaN, so that the rows that
         # see it are NaN whatever the score or the normalization makes of it (a selection).
-        scores = finite.nan_scores_where_flagged(scores, ops.cast(flag, scores.dtype))
-    query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
-    mask = spec.whole_mask(query_length, value_length)
+        scores = finite.nan_scores_where_flagged(
+            scores, None if flag is None else ops.cast(flag, scores.dtype)
+        )
+    query_length, value_length = lengths(query, key)
+    mask = spec.whole_mask(query_length, value_length, constant=is_eager(query))
     bias = spec.whole_bias(query, query_length, value_length)
     if bias is not None:  # in float32: a bias on float16 scores could overflow
         scores = ops.cast(scores, "float32") + bias

@@ -32,6 +32,7 @@ matmul on CPU about 2x slower, forward and backward: measured.)
 
 from keras import ops
 
+from keras_attn._execution import is_eager
 from keras_attn.kernels._gradient import custom_gradient
 
 
@@ -46,14 +47,26 @@ def zero_nonfinite(value, key=None):
     Returns:
         `(value, key, flag)`: value and key (or `None`) zero on the
         non-finite positions, and `flag (..., Tv, 1)` in the value's dtype,
-        1 on them and 0 elsewhere.
+        1 on them and 0 elsewhere. In an eager call where every entry is
+        finite, `(value, key, None)`: nothing to zero and nothing flagged
+        (the `flag` arguments below take `None`).
     """
+    if is_eager(value, key):
+        value = ops.convert_to_tensor(value)  # a NumPy input comes back a tensor, as below
+        key = None if key is None else ops.convert_to_tensor(key)
+        if all_finite(value, key):
+            return value, key, None
     finite = ops.all(ops.isfinite(value), axis=-1, keepdims=True)  # (..., Tv, 1)
     if key is not None:
         finite = ops.logical_and(finite, ops.all(ops.isfinite(key), axis=-1, keepdims=True))
         key = _zero_rows(key, finite)
     value = _zero_rows(value, finite)
     return value, key, ops.cast(ops.logical_not(finite), value.dtype)
+
+
+def all_finite(*tensors) -> bool:
+    """Whether every entry of the (concrete) `tensors` is finite; `None`s skipped."""
+    return all(bool(ops.all(ops.isfinite(t))) for t in tensors if t is not None)
 
 
 def _zero_rows(x, finite):
@@ -79,8 +92,10 @@ def nan_where_seen(output, weights, flag):
     Args:
         output: the weighted sum `weights @ value` of the zeroed values.
         weights: `(..., Tq, Tv)`, non-negative, in the dtype of `flag`.
-        flag: `(..., Tv, 1)` from `zero_nonfinite`.
+        flag: `(..., Tv, 1)` from `zero_nonfinite`, or `None` (nothing flagged).
     """
+    if flag is None:
+        return output
 
     def mark():
         seen = ops.matmul(weights, flag)  # (..., Tq, 1)
@@ -97,8 +112,11 @@ def nan_scores_where_flagged(scores, flag):
     (`keras_attn.ScoreAttention`): a non-finite key or value at a visible
     position then gives a NaN score, so its rows are NaN whatever the
     normalization does with it (softmax, hard selection, a pointer), and at a
-    masked position the mask replaces it. Only when something is flagged.
+    masked position the mask replaces it. Only when something is flagged
+    (`flag` `None`: nothing is).
     """
+    if flag is None:
+        return scores
 
     def mark():
         flagged = ops.swapaxes(flag, -1, -2) > 0  # (..., 1, Tv)

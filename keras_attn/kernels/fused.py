@@ -22,10 +22,11 @@ the softmax in float32, as in the dense kernel; `delta` is then taken as
 from keras import ops
 
 from keras_attn import masks
+from keras_attn._execution import is_eager, records_gradients
 from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
 from keras_attn.kernels._gradient import custom_gradient
-from keras_attn.kernels._shapes import default_scale, swap_last
+from keras_attn.kernels._shapes import default_scale, lengths, swap_last
 from keras_attn.kernels.dense import softmax
 from keras_attn.kernels.registry import Kernel
 
@@ -59,19 +60,33 @@ def fused_attention(query, key, value, spec):
         https://arxiv.org/abs/1706.03762; the backward pass as in Dao et al.,
         2022, "FlashAttention", https://arxiv.org/abs/2205.14135
     """
-    query_length, value_length = ops.shape(query)[-2], ops.shape(key)[-2]
-    mask = spec.whole_mask(query_length, value_length)
+    query_length, value_length = lengths(query, key)
+    mask = spec.whole_mask(query_length, value_length, constant=is_eager(query))
     q = ops.multiply(query, ops.cast(default_scale(query, spec.scale), query.dtype))  # Tq * dk
     value, key, flag = finite.zero_nonfinite(value, key)
     bias = spec.whole_bias(query, query_length, value_length)
     out = _attend(q, key, value, mask, flag, bias)
-    if mask is not None:
+    if mask is not None and not spec.rows_visible(query_length, value_length):
         out = ops.where(masks.visible_rows(mask), out, ops.zeros_like(out))
     return out, None
 
 
+def _forward(q, k, v, mask, flag, bias):
+    """`(seen_out, out, probs, probs_low)`: the output (NaN on the rows that see a
+    non-finite key or value, forward only), and what the backward pass reads."""
+    scores = ops.matmul(q, swap_last(k))
+    if bias is not None:
+        scores = ops.cast(scores, "float32") + bias
+    probs = softmax(masks.fill_masked(scores, mask), axis=-1)
+    probs_low = ops.cast(probs, v.dtype)
+    out = ops.matmul(probs_low, v)
+    return finite.nan_where_seen(out, probs_low, flag), out, probs, probs_low
+
+
 def _attend(q, k, v, mask, flag, bias=None):
     """The custom-gradient pass over `(q, k, v)`, or `(q, k, v, bias)` with a bias."""
+    if not records_gradients(q, k, v, bias):  # eager inference: the forward pass alone
+        return _forward(q, k, v, mask, flag, bias)[0]
     inputs = (q, k, v) if bias is None else (q, k, v, bias)
     bias_shape = None if bias is None else tuple(bias.shape)
 
@@ -81,15 +96,8 @@ def _attend(q, k, v, mask, flag, bias=None):
         # otherwise record (and keep alive) every op in it, next to the
         # custom gradient that replaces them.
         q_, k_, v_ = (ops.stop_gradient(x) for x in (q, k, v))
-        scores = ops.matmul(q_, swap_last(k_))
-        if bias:
-            scores = ops.cast(scores, "float32") + ops.stop_gradient(bias[0])
-        probs = softmax(masks.fill_masked(scores, mask), axis=-1)
-        probs_low = ops.cast(probs, v.dtype)
-        out = ops.matmul(probs_low, v_)
-        # NaN on the rows that see a non-finite key or value (forward only: the
-        # backward pass runs on the zeroed ones).
-        seen_out = finite.nan_where_seen(out, probs_low, flag)
+        bias_ = ops.stop_gradient(bias[0]) if bias else None
+        seen_out, out, probs, probs_low = _forward(q_, k_, v_, mask, flag, bias_)
 
         def grad(d_out):
             d_out = ops.cast(d_out, v.dtype)

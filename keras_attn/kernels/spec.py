@@ -67,12 +67,42 @@ class AttentionSpec:
         """Whether the bias holds a position bias (a function of positions)."""
         return self.bias is not None and bool(self.bias.position_biases)
 
-    def whole_mask(self, query_length, value_length):
-        """The mask merged with the causal and window masks over the whole `(Tq, Tv)` grid."""
+    def whole_mask(self, query_length, value_length, constant=False):
+        """The mask merged with the causal and window masks over the whole `(Tq, Tv)` grid.
+
+        `constant`: the position masks as a NumPy constant where the lengths
+        are static (an eager call: `keras_attn.masks.position_mask`).
+        """
         positions = masks.position_mask(
-            query_length, value_length, self.is_causal, self.window, self.query_start
+            query_length,
+            value_length,
+            self.is_causal,
+            self.window,
+            self.query_start,
+            constant=constant,
         )
         return masks.merge_masks(self.mask, positions)
+
+    def visible_query_rows(
+        self, query_length, value_length, query_mask=None, key_mask=None, attention_mask=None
+    ):
+        """Which query rows see a key under this call's masks: `(B|1, Tq|1, 1)` bool, or `None`.
+
+        `keras_attn.masks.visible_query_rows` with this spec's causal mask,
+        window and query start, for a layer's padding masks (`query_mask`,
+        `key_mask` `(B, T)`) and explicit `attention_mask` `(B|1, Tq, Tv)`:
+        the rows a layer zeroes after its output projection.
+        """
+        return masks.visible_query_rows(
+            query_length, value_length, query_mask, key_mask, attention_mask,
+            self.is_causal, self.query_start, self.window,
+        )  # fmt: skip
+
+    def rows_visible(self, query_length, value_length) -> bool:
+        """Whether every query row is known to see a key (no mask, static position masks)."""
+        return self.mask is None and masks.position_rows_visible(
+            query_length, value_length, self.is_causal, self.window, self.query_start
+        )
 
     def whole_bias(self, query, query_length, value_length):
         """The float32 bias over the whole `(Tq, Tv)` grid of `query`'s heads, or `None`."""

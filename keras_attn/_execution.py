@@ -1,0 +1,65 @@
+"""Whether a call runs eagerly on values, and whether an autodiff system may record it.
+
+An eager call (TensorFlow outside `tf.function`, JAX on concrete arrays,
+torch outside `torch.compile`) pays for every op it runs, one at a time; a
+traced call pays once, at trace time. A few guards of the kernels cost ops on
+every call but change nothing for most inputs (the non-finite guard when
+every key and value is finite; a custom gradient when nothing will be
+differentiated). Eagerly, the values are known: those guards look and are
+skipped when they would change nothing. Traced, they stay in the graph, as
+the values are not known yet.
+"""
+
+import keras
+
+
+def _tracer_type():
+    import jax
+
+    return jax.core.Tracer
+
+
+def is_eager(*tensors) -> bool:
+    """Whether `tensors` hold values now (no graph or trace is being built).
+
+    TensorFlow: executing eagerly (not inside a `tf.function`). JAX: no
+    tensor is a tracer (inside `jax.jit`, `jax.grad`, `jax.vmap` they are).
+    torch: not inside `torch.compile`. Other backends: `False`.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.executing_eagerly()
+    if backend == "jax":
+        tracer = _tracer_type()
+        return not any(isinstance(t, tracer) for t in tensors)
+    if backend == "torch":
+        import torch
+
+        return not torch.compiler.is_compiling()
+    return False
+
+
+def records_gradients(*tensors) -> bool:
+    """Whether the backend may differentiate through ops on `tensors` now.
+
+    `True` whenever it cannot tell: a traced call (a graph may be
+    differentiated later), TensorFlow with a `GradientTape` recording, JAX on
+    tracers (`jax.grad` traces), torch with gradients enabled and a tensor
+    that requires them. `False` for an eager inference call.
+    """
+    if not is_eager(*tensors):
+        return True
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        try:
+            from tensorflow.python.eager import record
+        except ImportError:  # pragma: no cover - a TensorFlow without it: assume a tape
+            return True
+        return record.could_possibly_record()
+    if backend == "torch":
+        import torch
+
+        return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+    return False  # JAX on concrete arrays: no transformation is tracing them

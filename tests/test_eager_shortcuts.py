@@ -1,0 +1,165 @@
+"""The eager shortcuts change no value: what a call skips when its values are known.
+
+An eager call skips the non-finite guard on finite inputs, the custom gradient when nothing
+records gradients, the row zeroing when static lengths say every row sees a key, and builds
+its position masks as a cached NumPy constant (keras_attn._execution, masks.position_mask,
+masks.position_rows_visible). Each shortcut is checked against the path it replaces: a brute
+force over the positions, the traced (compiled) call, and the gradient under a tape.
+"""
+
+import contextlib
+import itertools
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attn
+from keras_attn import _execution, masks
+from keras_attn.kernels import _gradient
+
+rng = np.random.default_rng(11)
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def brute_force_rows(tq, tv, is_causal, window, start):
+    """Row i sees key j iff (causal: j <= p_i) and (window: |p_i - j| < window), p_i = start + i."""
+    start = tv - tq if start is None else start
+    rows = []
+    for i in range(tq):
+        p = start + i
+        rows.append(
+            any(
+                (not is_causal or j <= p) and (window is None or abs(p - j) < window)
+                for j in range(tv)
+            )
+        )
+    return np.array(rows, bool)
+
+
+CASES = list(
+    itertools.product((0, 1, 3, 6), (0, 1, 4, 6), (False, True), (None, 1, 2), (None, 0, 3, -2))
+)
+
+
+@pytest.mark.parametrize("tq,tv,is_causal,window,start", CASES)
+def test_position_rows_visible_is_true_exactly_when_every_row_sees_a_key(
+    tq, tv, is_causal, window, start
+):
+    expected = brute_force_rows(tq, tv, is_causal, window, start).all()
+    assert masks.position_rows_visible(tq, tv, is_causal, window, start) == bool(expected)
+
+
+@pytest.mark.parametrize("tq,tv,is_causal,window,start", [c for c in CASES if c[2] or c[3]])
+def test_the_constant_position_mask_equals_the_built_one(tq, tv, is_causal, window, start):
+    built = masks.position_mask(tq, tv, is_causal, window, start)
+    constant = masks.position_mask(tq, tv, is_causal, window, start, constant=True)
+    np.testing.assert_array_equal(np_(constant), np_(built))
+    # A block of keys (the chunked kernel's key_start) too.
+    built = masks.position_mask(tq, tv, is_causal, window, start, key_start=2)
+    constant = masks.position_mask(tq, tv, is_causal, window, start, key_start=2, constant=True)
+    np.testing.assert_array_equal(np_(constant), np_(built))
+
+
+def test_lengths_known_only_at_run_time_are_never_called_visible():
+    length = keras.ops.convert_to_tensor(4)
+    assert not masks.position_rows_visible(length, 4, True)
+    assert not masks.position_rows_visible(4, 4, True, query_start=length)
+
+
+def test_an_eager_inference_call_skips_the_custom_gradient_and_a_taped_one_does_not(
+    monkeypatch,
+):
+    calls = []
+    original = keras.ops.custom_gradient
+
+    def counting(fun):
+        calls.append(fun)
+        return original(fun)
+
+    monkeypatch.setattr(_gradient.ops, "custom_gradient", counting)
+    x = keras.ops.convert_to_tensor(rng.normal(size=(2, 5, 8)).astype("float32"))
+    layer = keras_attn.MultiHeadAttention(2, 4, implementation="fused")
+    layer(x, x)
+    calls.clear()
+    with _inference():  # torch records whatever touches a weight, unless told not to
+        eager = layer(x, x, use_causal_mask=True)
+    assert calls == []  # nothing records gradients: the forward pass alone
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            taped = layer(x, x, use_causal_mask=True)
+            loss = keras.ops.sum(taped)
+            assert _execution.records_gradients(x)
+        assert calls  # the custom gradient, as before
+        grad = tape.gradient(loss, x)
+        assert np.isfinite(np_(grad)).all()
+        np.testing.assert_allclose(np_(taped), np_(eager), atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "fused", "chunked"])
+def test_eager_equals_compiled_with_and_without_nonfinite_padding(implementation):
+    """Finite inputs skip the guard eagerly; a NaN at a padded key takes it; traced, it stays."""
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    mask = np.ones((2, 6), bool)
+    mask[1, 4:] = False
+    hostile = x.copy()
+    hostile[1, 4:] = np.nan
+    layer = keras_attn.MultiHeadAttention(2, 4, implementation=implementation)
+    layer(x, x)
+    for value in (x, hostile):
+        eager = layer(x, value, value_mask=mask, use_causal_mask=True)
+        traced = _compiled(lambda v: layer(x, v, value_mask=mask, use_causal_mask=True))(value)
+        assert np.isfinite(np_(eager)).all()
+        np.testing.assert_allclose(np_(eager), np_(traced), atol=1e-5)
+
+
+def test_a_nan_at_a_visible_key_still_reaches_the_rows_that_see_it_eagerly():
+    q = rng.normal(size=(1, 1, 4, 8)).astype("float32")
+    k = q.copy()
+    k[0, 0, 2, 0] = np.nan
+    out, _ = keras_attn.ops.attention(q, k, q, is_causal=True, return_weights=False)
+    rows = np.isnan(np_(out)[0, 0]).any(axis=-1)
+    np.testing.assert_array_equal(rows, [False, False, True, True])  # rows 2, 3 see key 2
+
+
+def test_a_block_without_any_mask_equals_the_block_with_an_all_true_mask():
+    x = keras.ops.convert_to_tensor(rng.normal(size=(2, 5, 16)).astype("float32"))
+    block = keras_attn.TransformerDecoderBlock(32, 2)
+    plain = block(x)
+    masked = block(x, decoder_padding_mask=np.ones((2, 5), bool))
+    np.testing.assert_allclose(np_(plain), np_(masked), atol=1e-6)
+    # The implicit Keras mask still counts: as if passed explicitly, not as no mask.
+    tokens = np.array([[3, 4, 5, 0, 0], [1, 2, 3, 4, 5]])
+    embedded = keras.layers.Embedding(8, 16, mask_zero=True)(tokens)
+    out = np_(block(embedded))
+    explicit = np_(block(embedded, decoder_padding_mask=tokens != 0))
+    unmasked = np_(block(keras.ops.convert_to_tensor(np_(embedded))))
+    np.testing.assert_allclose(out, explicit, atol=1e-6)
+    assert not np.allclose(out[0], unmasked[0], atol=1e-3)
+
+
+def _inference():
+    if keras.backend.backend() == "torch":
+        import torch
+
+        return torch.no_grad()
+    return contextlib.nullcontext()
+
+
+def _compiled(fn):
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True)
+    if backend == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn  # torch: eager only
