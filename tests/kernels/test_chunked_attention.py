@@ -257,7 +257,9 @@ def test_visible_query_rows_equals_the_merged_mask(tq, tv, causal_):
                 assert got is None
                 continue
             expected = np.broadcast_to(np_(ops.visible_rows(full)), (3, tq, 1))
-            assert got is not None
+            if got is None:  # "every row sees a key", known from the static lengths
+                assert expected.all()
+                continue
             np.testing.assert_array_equal(np.broadcast_to(np_(got), (3, tq, 1)), expected)
     attention_mask = rng.random((3, tq, tv)) > 0.7
     got = ops.visible_query_rows(tq, tv, None, None, attention_mask, causal_)
