@@ -1,4 +1,4 @@
-"""The shared inputs and row builders of the bad-input matrix (tests/test_bad_inputs*.py).
+"""The shared inputs and row builders of the bad-input matrix (tests/layers/test_bad_*.py).
 
 A row is `(id, target, ...)`: `target()` makes the constructor call or the layer call
 with one bad value; `row(entry)` turns it (or a `pytest.param` with marks) into a

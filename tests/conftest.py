@@ -66,6 +66,22 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "backends: runs on every Keras backend in CI (.ci/jax, .ci/torch select it). Every test "
+        f"under tests/{{{','.join(BACKEND_FOLDERS)}}}/ carries it (the code that differs per "
+        "backend), unless its module is marked `one_backend`; elsewhere a module opts in.",
+    )
+    config.addinivalue_line(
+        "markers",
+        "one_backend: a core module whose checks involve no backend op (constructor arguments, "
+        "Keras' own layers): the TensorFlow run is enough.",
+    )
+    config.addinivalue_line(
+        "markers",
+        "jax_slow: hundreds of small eager calls, each compiled anew on JAX (minutes on 2 cores); "
+        ".ci/jax leaves them to the TensorFlow and torch runs.",
+    )
+    config.addinivalue_line(
+        "markers",
         "xla: checks what only an XLA-compiled call does (tf.function(jit_compile=True), "
         "jax.jit); skipped on torch, which has no XLA. A test parametrized with `jit=True` "
         "counts as marked.",
@@ -101,7 +117,22 @@ def _longest_files_first(config, items):
     items.sort(key=lambda item: -weight[item.path.name])  # stable: a file's tests stay together
 
 
+# The tests of the code that differs per backend: ops, kernels, masks, the layers, positions,
+# the blocks, the cache and decoding. Marked `backends` (see pytest_configure).
+BACKEND_FOLDERS = ("kernels", "layers", "positions", "blocks", "decoding")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _mark_backends(items):
+    for item in items:
+        folder = os.path.relpath(str(item.path), TESTS).split(os.sep)[0]
+        if folder in BACKEND_FOLDERS and "one_backend" not in item.keywords:
+            item.add_marker(pytest.mark.backends)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest deselects by `-m`
 def pytest_collection_modifyitems(config, items):
+    _mark_backends(items)
     if WORKERS > 1:  # an xdist worker (where `--dist` reads "no")
         _longest_files_first(config, items)
     backend = keras.backend.backend()

@@ -1,6 +1,6 @@
 """The property kit's setups, one per layer (and per code path that needs its own arguments).
 
-Drawn by tests/test_testing_kit.py (through `layer_table.LAYERS`): each `setup(pick)` builds
+Drawn by tests/kit/test_testing_kit.py (through `layer_table.LAYERS`): each `setup(pick)` builds
 a layer, its inputs and call options, and says which checks apply.
 """
 

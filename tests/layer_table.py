@@ -11,9 +11,9 @@
   function (the kernels of `MultiHeadAttention`), and the `reference` one;
 - `decoding`: the cached-decoding runs, for the layers with a KV cache;
 - `kit`: the property kit's setups, drawn by hypothesis (or a seed) in
-  tests/test_testing_kit.py; `LAYERS` is their flat view.
+  tests/kit/test_testing_kit.py; `LAYERS` is their flat view.
 
-tests/test_differential.py runs `keras_attn.testing.assert_paths_agree` and
+tests/layers/test_differential.py runs `keras_attn.testing.assert_paths_agree` and
 `assert_cached_decoding_agrees` over it.
 """
 
@@ -361,5 +361,5 @@ TABLE = {
     ),
 }
 
-# The property kit's setups by label (tests/test_testing_kit.py).
+# The property kit's setups by label (tests/kit/test_testing_kit.py).
 LAYERS = {label: setup for entry in TABLE.values() for label, setup in entry.kit.items()}

@@ -4,7 +4,7 @@
 
 Run from the repository root on a non-TensorFlow backend (KERAS_BACKEND, default jax).
 `--block` makes `tensorflow` and `tensorflow_datasets` unfindable first (every
-meta-path finder wrapped), for a machine that has them (`tests/test_no_tensorflow.py`);
+meta-path finder wrapped), for a machine that has them (`tests/compat/test_no_tensorflow.py`);
 `.ci/no-tensorflow` runs it without `--block` in a venv where they are not installed.
 Prints `ok` and exits 0, or fails with the assertion.
 """

@@ -26,15 +26,15 @@ import time
 from benchmarks.device import plan, report
 
 FULL_TESTS = (
-    "tests/test_ops.py",
-    "tests/test_multi_head_attention.py",
-    "tests/test_fast_paths.py",
-    "tests/test_chunked_attention.py",
-    "tests/test_backend_kernel.py",  # the backend's fused kernel, where that branch has landed
+    "tests/kernels/test_ops.py",
+    "tests/layers/test_multi_head_attention.py",
+    "tests/kernels/test_fast_paths.py",
+    "tests/kernels/test_chunked_attention.py",
+    "tests/kernels/test_backend_kernel.py",  # the backend's fused kernel, where that branch has landed
 )
 DRY_TESTS = (
-    "tests/test_ops.py::test_hand_computed_case",
-    "tests/test_ops.py::test_causal_mask_end_aligned",
+    "tests/kernels/test_ops.py::test_hand_computed_case",
+    "tests/kernels/test_ops.py::test_causal_mask_end_aligned",
 )
 # speed: the share of the budget each length's process gets (the longest needs most)
 GROUP_WEIGHTS = (0.8, 1.0, 1.4)

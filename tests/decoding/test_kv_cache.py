@@ -1,0 +1,85 @@
+"""The KV cache: stepwise decoding after a left-padded prefill equals the full pass (MHA
+and the decoder block); a tensor cache index past the end is not clamped."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_attn
+
+rng = np.random.default_rng(7)
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))
+
+
+def t(x, dtype=None):
+    return keras.ops.convert_to_tensor(x, dtype)
+
+
+def test_stepwise_decoding_after_a_left_padded_prefill_equals_the_full_pass():
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    x = rng.normal(size=(2, 7, 8)).astype("float32")
+    mask = np.array([[1] * 7, [0, 0, 1, 1, 1, 1, 1]], bool)  # left padding in the prompt
+    full = np_(layer(t(x), t(x), query_mask=t(mask), value_mask=t(mask), use_causal_mask=True))
+    cache = layer.empty_cache(2, 7)
+    prefill, cache = layer(
+        t(x[:, :4]), t(x[:, :4]), query_mask=t(mask[:, :4]), value_mask=t(mask[:, :4]),
+        use_causal_mask=True, cache=cache, cache_update_index=0,
+    )  # fmt: skip
+    outputs = [np_(prefill)]
+    for i in range(4, 7):
+        out, cache = layer(
+            t(x[:, i : i + 1]), t(x[:, i : i + 1]), use_causal_mask=True, cache=cache,
+            cache_update_index=i,
+        )  # fmt: skip
+        outputs.append(np_(out))
+    np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
+    np.testing.assert_array_equal(np_(cache.valid), mask)
+
+
+def test_decoder_block_stepwise_after_a_left_padded_prefill_equals_the_full_pass():
+    block = keras_attn.TransformerDecoderBlock(16, 2)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    enc = t(rng.normal(size=(2, 5, 8)).astype("float32"))
+    mask = np.array([[1] * 6, [0, 0, 0, 1, 1, 1]], bool)
+    full = np_(block(t(x), enc, decoder_padding_mask=t(mask)))
+    cache = block.empty_cache(2, 6)
+    out, cache, cross = block(
+        t(x[:, :3]), enc, decoder_padding_mask=t(mask[:, :3]), self_attention_cache=cache,
+        self_attention_cache_update_index=0,
+    )  # fmt: skip
+    outputs = [np_(out)]
+    for i in range(3, 6):
+        out, cache, cross = block(
+            t(x[:, i : i + 1]), self_attention_cache=cache, self_attention_cache_update_index=i,
+            cross_attention_cache=cross,
+        )  # fmt: skip
+        outputs.append(np_(out))
+    stepped = np.concatenate(outputs, 1)
+    np.testing.assert_allclose(stepped[mask], full[mask], atol=1e-5)  # the real tokens
+
+
+def test_a_tensor_cache_index_past_the_end_is_not_clamped():
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    x = t(rng.normal(size=(2, 1, 8)).astype("float32"))
+    layer(x, x)
+    cache = layer.empty_cache(2, 4)
+    with pytest.raises(ValueError, match="cache_update_index"):
+        layer(x, x, cache=cache, cache_update_index=4)
+    index = t(4, "int32")
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        step = tf.function(lambda x, c, i: layer(x, x, cache=c, cache_update_index=i))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="cache_update_index"):
+            step(x, cache, index)
+    elif keras.backend.backend() == "torch":  # eager: the index is read and checked
+        with pytest.raises(ValueError, match="cache_update_index"):
+            layer(x, x, cache=cache, cache_update_index=index)
+    else:  # no error can be raised under jit: the step's output is NaN
+        out, _ = layer(x, x, cache=cache, cache_update_index=index)
+        assert np.all(np.isnan(np_(out)))
+    out, _ = layer(x, x, cache=cache, cache_update_index=t(3, "int32"))  # the last position fits
+    assert np.all(np.isfinite(np_(out)))
