@@ -35,7 +35,7 @@ if _QUIET and "tensorflow" not in sys.modules:
 OUTPUT = "keras_attn_runs"
 TRAIN_EPILOG = f"""\
 outputs (OUTPUT is ./{OUTPUT} unless --output says otherwise):
-  OUTPUT/TASK.keras             the trained model (reload it after `import keras_attn`)
+  OUTPUT/TASK.keras             the trained model (reload it after `import keras_attn.models`)
   OUTPUT/TASK_savedmodel/       a SavedModel for serving (--export DIR instead)
   OUTPUT/TASK_attention.png     attention weights of one test example (--plot FILE instead)
   OUTPUT/TASK_metrics.json      the test metrics and the training losses
@@ -220,8 +220,8 @@ def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
     _quiet_tensorflow()
-    from keras_attn.zoo import recipes  # imports TensorFlow: after argument parsing
-    from keras_attn.zoo.files import write_atomically
+    from keras_attn.models import recipes  # imports TensorFlow: after argument parsing
+    from keras_attn.models.files import write_atomically
 
     if args.command == "list":
         width = max(map(len, recipes.TASKS))

@@ -1,6 +1,6 @@
 """`export_seq2seq`: a SavedModel of a seq2seq model that decodes inside its graph.
 
-Also importable from `keras_attn.zoo` and `keras_attn.zoo.decoding`. It needs
+Also importable from `keras_attn.models` and `keras_attn.models.decoding`. It needs
 TensorFlow (a SavedModel is TensorFlow's format) and the tensorflow or jax
 backend; `greedy_decode` and the other decoders do not.
 """
@@ -8,8 +8,8 @@ backend; `greedy_decode` and the other decoders do not.
 import keras
 from keras import ops
 
-from keras_attn.zoo.decoding import check_lengths, decoding_steps, greedy_decode
-from keras_attn.zoo.files import write_atomically
+from keras_attn.models.decoding import check_lengths, decoding_steps, greedy_decode
+from keras_attn.models.files import write_atomically
 
 
 def export_seq2seq(

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn.zoo.datasets import loading
+from keras_attn.models.datasets import loading
 
 START, END = "<s>", "</s>"
 

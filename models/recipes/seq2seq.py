@@ -15,8 +15,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import zoo
-from keras_attn.zoo.recipes.common import (
+from keras_attn import models
+from keras_attn.models.recipes.common import (
     END,
     START,
     Result,
@@ -94,7 +94,7 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
         sources, targets = zip(*test.as_numpy_iterator(), strict=True)
         source_ids = np.asarray(source_vectorizer(np.array(sources)))
         max_length = int(np.asarray(target_vectorizer(np.array(targets))).shape[1]) + 1
-        decoded = np.asarray(zoo.greedy_decode(model, source_ids, max_length, start_id, end_id))
+        decoded = np.asarray(models.greedy_decode(model, source_ids, max_length, start_id, end_id))
         words = np.array(vocab)
         outputs = [" ".join(words[row[(row != 0) & (row != end_id)]]) for row in decoded]
         expected = [t.decode() for t in targets]
@@ -106,7 +106,7 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
         print(f"  expected: {expected[0]}\n  decoded:  {outputs[0]}")
 
         def export(path):
-            zoo.export_seq2seq(model, path, max_length, start_id, end_id)
+            models.export_seq2seq(model, path, max_length, start_id, end_id)
 
         def plot(path):
             from keras_attn import plotting
@@ -146,11 +146,11 @@ def _size(ds):
 
 def _seq2seq_model(architecture, source_vocab, target_vocab, dropout):
     if architecture == "transformer":
-        return zoo.transformer_seq2seq(
+        return models.transformer_seq2seq(
             source_vocab, target_vocab, num_layers=2, num_heads=4, d_model=64,
             intermediate_dim=128, dropout=dropout,
         )  # fmt: skip
-    return zoo.rnn_seq2seq(source_vocab, target_vocab, 64, 128, score="additive")
+    return models.rnn_seq2seq(source_vocab, target_vocab, 64, 128, score="additive")
 
 
 def cross_attention_weights(model, source_ids, decoded, start_id):
@@ -161,7 +161,7 @@ def cross_attention_weights(model, source_ids, decoded, start_id):
     ].astype("int32")
     x = {"encoder_inputs": source_ids, "decoder_inputs": decoder_inputs}
     if "decoder_block_0" in {layer.name for layer in model.layers}:
-        from keras_attn.zoo.transformer_seq2seq import TransformerDecodingSteps
+        from keras_attn.models.transformer_seq2seq import TransformerDecodingSteps
 
         steps = TransformerDecodingSteps(model)
         encoded = steps.encoder(source_ids)
@@ -171,7 +171,7 @@ def cross_attention_weights(model, source_ids, decoded, start_id):
         _, _, cross = steps.blocks[-1](y, encoded, return_attention_scores=True)
         weights = keras.ops.mean(cross, axis=1)  # mean over heads: (B, T, S)
     else:
-        attention_model = zoo.rnn_seq2seq(**_rnn_config(model), return_attention=True)
+        attention_model = models.rnn_seq2seq(**_rnn_config(model), return_attention=True)
         attention_model.set_weights(model.get_weights())
         weights = attention_model(x)["attention"]
     mask = source_ids != 0

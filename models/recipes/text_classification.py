@@ -4,8 +4,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import zoo
-from keras_attn.zoo.recipes.common import Result, load_supervised, take
+from keras_attn import models
+from keras_attn.models.recipes.common import Result, load_supervised, take
 
 # ---------------------------------------------------------------------------
 # Text classification: imdb_reviews with a Transformer or a HAN
@@ -50,12 +50,12 @@ def imdb_task(task_name, architecture):
         vocab_size = vectorizer.vocabulary_size()
         pooling = settings.pooling or "attention"
         if hierarchical:
-            build = lambda **kw: zoo.hierarchical_attention_network(  # noqa: E731
+            build = lambda **kw: models.hierarchical_attention_network(  # noqa: E731
                 vocab_size, 64, 32, 32, 2, MAX_SENTENCES, SENTENCE_WORDS, dropout=0.1,
                 pooling=pooling, **kw,
             )  # fmt: skip
         else:
-            build = lambda **kw: zoo.transformer_classifier(  # noqa: E731
+            build = lambda **kw: models.transformer_classifier(  # noqa: E731
                 vocab_size, MAX_WORDS, 2, num_layers=2, num_heads=4, d_model=64,
                 intermediate_dim=128, pooling=pooling, **kw,
             )  # fmt: skip
