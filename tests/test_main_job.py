@@ -44,7 +44,7 @@ def test_the_main_job_reaches_the_figure_the_readme_states(tmp_path):
     # (it warned at every epoch that a cached dataset was not read to its end).
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "1"}
     completed = subprocess.run(  # the README's command, its data generated afresh
-        [sys.executable, "-m", "keras_attn.zoo.cli", "train", "transformer-reverse",
+        [sys.executable, "-m", "keras_attn.models.cli", "train", "transformer-reverse",
          "--data-dir", str(tmp_path / "tfds"), "--output", str(out)],
         cwd=ROOT, env=environment, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip

@@ -3,9 +3,9 @@
 The shared checks (`layer_checks`, `model_checks`, `keras_attn.testing`) already
 save and reload every layer and zoo model in the test process. What is added here:
 
-- a reload in a fresh Python process that imports only `keras_attn`
-  (what a user does), with `safe_mode=True` and no `custom_objects`, covering every
-  class registered under `keras_attn>` and `keras_attn.zoo>` (a new class without a case
+- a reload in a fresh Python process that imports only `keras_attn.models`
+  (what a user does to reload a zoo model; it imports `keras_attn`), with `safe_mode=True` and no `custom_objects`, covering every
+  class registered under `keras_attn>` and `keras_attn.models>` (a new class without a case
   fails the test), nested objects included (score layers, rotary embeddings);
 - no code in the project asks for `safe_mode=False`, `custom_objects` or unsafe
   deserialization;
@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 
 import keras_attn as ka
-from keras_attn import zoo
+from keras_attn import models as zoo
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("keras_attn>", "keras_attn.zoo>")
+PACKAGES = ("keras_attn>", "keras_attn.models>")
 rng = np.random.default_rng(0)
 Q = rng.normal(size=(2, 4, 8)).astype("float32")
 V = rng.normal(size=(2, 5, 8)).astype("float32")
@@ -174,7 +174,7 @@ LOADER = textwrap.dedent(
     import os, pathlib, sys
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras, numpy as np
-    import keras_attn  # what a user imports; no custom_objects
+    import keras_attn.models  # what a user imports; no custom_objects
 
     failures, paths = [], sorted(pathlib.Path(sys.argv[1]).glob("*.keras"))
     for path in paths:
