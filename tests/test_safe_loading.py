@@ -4,9 +4,10 @@ The shared checks (`layer_checks`, `model_checks`, `keras_attn.testing`) already
 save and reload every layer and zoo model in the test process. What is added here:
 
 - a reload in a fresh Python process that imports only `keras_attn.models`
-  (what a user does to reload a zoo model; it imports `keras_attn`), with `safe_mode=True` and no `custom_objects`, covering every
-  class registered under `keras_attn>` and `keras_attn.models>` (a new class without a case
-  fails the test), nested objects included (score layers, rotary embeddings);
+  (what a user does to reload a zoo model; it imports `keras_attn`), with
+  `safe_mode=True` and no `custom_objects`, covering every class registered under
+  `keras_attn>` and `keras_attn.models>` (a new class without a case fails the test),
+  nested objects included (score layers, rotary embeddings);
 - no code in the project asks for `safe_mode=False`, `custom_objects` or unsafe
   deserialization;
 - a `.keras` file whose config was tampered with (an unknown class, a system
