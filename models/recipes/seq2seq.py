@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn import models
+from keras_attn.models import text
 from keras_attn.models.recipes.common import (
     END,
     START,
@@ -105,8 +106,21 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
         print(f"  source:   {sources[0].decode()}")
         print(f"  expected: {expected[0]}\n  decoded:  {outputs[0]}")
 
+        # Text in, text out: the vocabularies with the model. Sources are cut to the longest
+        # training source; decoding stops at the longest target seen, plus its end token.
+        source_length = _longest(train.map(lambda s, t: s))
+        text_model = text.TextSeq2Seq(
+            model,
+            text.string_lookup(source_vectorizer.get_vocabulary()),
+            text.string_lookup(vocab),
+            source_length,
+            max(max_length, _longest(train.map(lambda s, t: t)) + 1),
+            START,
+            END,
+        )
+
         def export(path):
-            models.export_seq2seq(model, path, max_length, start_id, end_id)
+            text_model.export_text(path)
 
         def plot(path):
             from keras_attn import plotting
@@ -121,7 +135,7 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
             )
             plotting.save_figure(fig, path)
 
-        return Result(name, model, metrics, export, plot)
+        return Result(name, model, metrics, export, plot, text_model)
 
     run.__name__ = task_name
     run.training = training
@@ -142,6 +156,12 @@ def _size(ds):
     if size >= 0:
         return size
     return int(ds.reduce(0, lambda n, _: n + 1))
+
+
+def _longest(texts):
+    """The most whitespace-separated words of a string in `texts` (a dataset of strings)."""
+    words = texts.map(lambda t: tf.size(tf.strings.split(t)))
+    return int(words.reduce(tf.constant(1), tf.maximum))
 
 
 def _seq2seq_model(architecture, source_vocab, target_vocab, dropout):
