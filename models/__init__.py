@@ -28,7 +28,7 @@ if __name__ != "keras_attn.models":  # e.g. `import models` from the repository 
 
 import importlib
 
-from keras_attn.models import layers
+from keras_attn.models import layers, text
 from keras_attn.models.han import hierarchical_attention_network
 from keras_attn.models.pointer_network import pointer_network
 from keras_attn.models.rnn_seq2seq import rnn_seq2seq
@@ -49,6 +49,7 @@ __all__ = [
     "pointer_network",
     "rnn_seq2seq",
     "sample_decode",
+    "text",
     "transformer_classifier",
     "transformer_seq2seq",
 ]

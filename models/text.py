@@ -27,7 +27,6 @@ import tempfile
 import keras
 import numpy as np
 
-from keras_attn.models.decoding import greedy_decode
 from keras_attn.models.files import write_atomically
 
 _REGISTER = keras.saving.register_keras_serializable(package="keras_attn.models")
@@ -158,6 +157,11 @@ class TextSeq2Seq(keras.Model):
                 )
         self.built = True
 
+    @property
+    def input(self):
+        """The token model's inputs (what `call` takes)."""
+        return self.seq2seq.input
+
     def call(self, inputs, training=None):
         return self.seq2seq(inputs, training=training)
 
@@ -196,6 +200,8 @@ class TextSeq2Seq(keras.Model):
             A list of `B` Python strings.
         """
         import tensorflow as tf
+
+        from keras_attn.models.decoding import greedy_decode
 
         source = self.source_ids(text)
         start_id, end_id = self._ids()
@@ -330,6 +336,11 @@ class TextClassifier(keras.Model):
         self.max_sentences = max_sentences
         self.markup = markup
         self.built = True
+
+    @property
+    def input(self):
+        """The token model's inputs (what `call` takes)."""
+        return self.classifier.input
 
     def call(self, inputs, training=None):
         return self.classifier(inputs, training=training)

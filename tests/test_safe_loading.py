@@ -138,6 +138,24 @@ CASES = {
         zoo.rnn_seq2seq(15, 15, embedding_dim=8, units=8, score="bilinear"),
         _seq2seq_inputs(),
     ),
+    "TextSeq2Seq": lambda: (
+        zoo.text.TextSeq2Seq(
+            zoo.transformer_seq2seq(6, 6, num_layers=1, num_heads=2, d_model=8, intermediate_dim=8),
+            zoo.text.string_lookup(["", "[UNK]", "a", "b", "c", "d"]),
+            zoo.text.string_lookup(["", "[UNK]", "<s>", "</s>", "a", "b"]),
+            4,
+            5,
+        ),
+        {"encoder_inputs": _tokens(2, 5, 6), "decoder_inputs": _tokens(2, 4, 6)},
+    ),  # fmt: skip
+    "TextClassifier": lambda: (
+        zoo.text.TextClassifier(
+            zoo.transformer_classifier(8, 4, 2, num_layers=1, d_model=8, intermediate_dim=8),
+            keras.layers.TextVectorization(vocabulary=["a", "b"], output_sequence_length=4),
+            ["no", "yes"],
+        ),
+        {"tokens": _tokens(2, 4, 4)},
+    ),
     "pointer_network": lambda: (
         zoo.pointer_network(input_dim=1, units=8),
         {
