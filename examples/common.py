@@ -2,7 +2,7 @@
 
 A dataset is one of two kinds, and the examples say which one they trained on:
 
-- the project's own generated tasks (`keras_attn_*`, registered by `keras_attn.zoo.datasets`):
+- the project's own generated tasks (`keras_attn_*`, registered by `keras_attn.models.datasets`):
   generated into `--data-dir` on first use, no network;
 - a real tfds dataset (`imdb_reviews`, `ted_hrlr_translate/pt_to_en`, ...): read from
   `--data-dir` when it is prepared there. Only with `--download` does tfds fetch it (and
@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow_datasets as tfds  # noqa: E402
 
-import keras_attn.zoo.datasets  # noqa: E402  (registers the keras_attn_* builders)
+import keras_attn.models.datasets  # noqa: E402  (registers the keras_attn_* builders)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -82,7 +82,7 @@ def load(name, split, data_dir=None, download=False):
     minutes before failing).
     """
     if is_generated(name):
-        return keras_attn.zoo.datasets.load(name, split, data_dir), tfds.builder(
+        return keras_attn.models.datasets.load(name, split, data_dir), tfds.builder(
             name, data_dir=data_dir
         ).info
     try:

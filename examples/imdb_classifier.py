@@ -15,7 +15,7 @@ import common  # the examples' shared flags and dataset loading
 import keras
 import tensorflow as tf
 
-from keras_attn import zoo
+from keras_attn import models
 
 DATASET = "imdb_reviews"
 
@@ -61,7 +61,7 @@ def main(argv=None):
         return ds.prefetch(tf.data.AUTOTUNE)
 
     # -- build --------------------------------------------------------------
-    model = zoo.transformer_classifier(
+    model = models.transformer_classifier(
         vocab_size=vectorizer.vocabulary_size(),
         sequence_length=args.sequence_length,
         num_classes=num_classes,

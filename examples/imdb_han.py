@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import zoo
+from keras_attn import models
 
 DATASET = "imdb_reviews"
 
@@ -80,7 +80,7 @@ def main(argv=None):
 
     # -- build --------------------------------------------------------------
     def han(return_attention=False):
-        return zoo.hierarchical_attention_network(
+        return models.hierarchical_attention_network(
             vocab_size=vectorizer.vocabulary_size(),
             embedding_dim=args.embedding_dim,
             word_units=args.units,

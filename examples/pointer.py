@@ -6,7 +6,7 @@
 
 The datasets are the project's own tfds builders, generated into `--data-dir` on first
 use (no network). Sorting: the targets are the argsort pointers, decoded with the
-constrained `keras_attn.zoo.pointer_decode` (never the same position twice), scored by
+constrained `keras_attn.models.pointer_decode` (never the same position twice), scored by
 whole-sequence accuracy. Convex hull: the targets are the hull's vertices, counter-
 clockwise from the lowest index, closed by pointing back at the first vertex (the end of
 the sequence, as in the paper); decoding may revisit only that first vertex, which ends
@@ -23,9 +23,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import zoo
-from keras_attn.zoo.datasets import PAD_VALUE, padding_values
-from keras_attn.zoo.geometry import hull_metrics, open_polygon
+from keras_attn import models
+from keras_attn.models.datasets import PAD_VALUE, padding_values
+from keras_attn.models.geometry import hull_metrics, open_polygon
 
 DATASETS = {"sort": "keras_attn_sorting/n5", "hull": "keras_attn_convex_hull/n5"}
 SMOKE_DATASETS = {"sort": "keras_attn_sorting/tiny", "hull": "keras_attn_convex_hull/tiny"}
@@ -89,7 +89,7 @@ def main(argv=None):
         return ds.prefetch(tf.data.AUTOTUNE)
 
     # -- build --------------------------------------------------------------
-    model = zoo.pointer_network(
+    model = models.pointer_network(
         input_dim=train.element_spec[0].shape[-1],
         units=args.units,
         encoder=args.encoder,
@@ -109,11 +109,11 @@ def main(argv=None):
     for inputs, targets in batches(test):
         points, targets = inputs["points"].numpy(), targets.numpy()
         if hull:
-            predicted = zoo.decoding.polygon_decode(model, points)
+            predicted = models.decoding.polygon_decode(model, points)
             accuracy, coverage = hull_metrics(points, predicted, targets)
             coverages.append(coverage * len(points))
         else:
-            predicted = zoo.pointer_decode(model, points)  # (B, N), a permutation
+            predicted = models.pointer_decode(model, points)  # (B, N), a permutation
             accuracy = float(np.mean(np.all(predicted == targets, axis=-1)))
         accuracies.append(accuracy * len(points))
         count += len(points)

@@ -13,7 +13,7 @@ given); otherwise it says so and trains on the generated task
 Both sides are tokenized with `keras.layers.TextVectorization` (lowercased, punctuation
 stripped, 0 = padding, 1 = out of vocabulary); the target side gets two more ids, start
 and end. After training, the script exports a SavedModel whose `greedy_decode` endpoint
-runs the whole cached decoding loop (`keras_attn.zoo.export_seq2seq`), reloads it, and
+runs the whole cached decoding loop (`keras_attn.models.export_seq2seq`), reloads it, and
 translates test sentences with it. `--plot FILE` draws the attention alignment of the
 first one (RNN: its attention; Transformer: the last decoder block's cross-attention,
 averaged over heads).
@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import zoo
+from keras_attn import models
 
 TED = "ted_hrlr_translate/pt_to_en"
 GENERATED, GENERATED_SMOKE = "keras_attn_seq2seq/reverse-5-20", "keras_attn_seq2seq/tiny-reverse"
@@ -113,11 +113,11 @@ def main(argv=None):
             target_vocab_size=len(target_vocabulary),
         )
         if args.model == "transformer":
-            return zoo.transformer_seq2seq(
+            return models.transformer_seq2seq(
                 **sizes, num_layers=args.num_layers, num_heads=args.num_heads,
                 d_model=args.d_model, intermediate_dim=2 * args.d_model,
             )  # fmt: skip
-        return zoo.rnn_seq2seq(
+        return models.rnn_seq2seq(
             **sizes, embedding_dim=args.d_model, units=args.d_model,
             score=None if args.score == "none" else args.score, return_attention=return_attention,
         )  # fmt: skip
@@ -143,7 +143,9 @@ def main(argv=None):
     ):
         with open(os.path.join(out, f"{side}_vocabulary.txt"), "w") as f:
             f.write("\n".join(vocabulary) + "\n")
-    zoo.export_seq2seq(model, os.path.join(out, "saved_model"), args.max_length, start_id, end_id)
+    models.export_seq2seq(
+        model, os.path.join(out, "saved_model"), args.max_length, start_id, end_id
+    )
     print(f"Saved {out}/model.keras, the vocabularies and the SavedModel {out}/saved_model")
 
     # -- translate test sentences with the reloaded SavedModel ----------------
@@ -192,7 +194,7 @@ def alignment(args, model, build, source, decoder_inputs):
         viewer = build(return_attention=True)  # the same layers, weights as an output
         viewer.set_weights(model.get_weights())
         return np.asarray(viewer(inputs)["attention"])[0]
-    steps = zoo.decoding.decoding_steps(model)  # the Transformer's parts, as decoding uses
+    steps = models.decoding.decoding_steps(model)  # the Transformer's parts, as decoding uses
     encoded = steps.encoder(source, training=False)
     x = steps.embedding(decoder_inputs)
     for block in steps.blocks:

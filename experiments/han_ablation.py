@@ -67,7 +67,7 @@ def table(results):
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    from keras_attn.zoo import recipes
+    from keras_attn.models import recipes
 
     settings = {k: v for k, v in vars(args).items() if k not in ("output", "data_dir", "download")}
     results = store.load(args.output, settings, free=("seeds",))

@@ -8,7 +8,7 @@ decodes the same test sets with other widths, from the weights a
     python -m experiments.hull_beam --backup-dir DIR --eval-n 50,100 --widths 1,4,8,16
 
 Width 1 is the paper's greedy decoding (no point twice, not constrained to convex
-polygons); every other width is `keras_attn.zoo.pointer_search.polygon_beam_search` over
+polygons); every other width is `keras_attn.models.pointer_search.polygon_beam_search` over
 convex counter-clockwise polygons. Each decoded polygon is rotated to start at its
 lowest index before it is compared with the target, as in the recipe. Every
 (size, width) pair is one entry of `--output`, saved as soon as it is measured, so
@@ -25,8 +25,8 @@ from experiments import store
 
 def decode(model, points, width, batch_size):
     """Polygons for `points (B, N, 2)`: greedy for `width=1`, else the convex beam."""
-    from keras_attn.zoo.pointer_search import polygon_beam_search
-    from keras_attn.zoo.recipes.pointer import MAX_VERTICES
+    from keras_attn.models.pointer_search import polygon_beam_search
+    from keras_attn.models.recipes.pointer import MAX_VERTICES
 
     polygons = []
     for i in range(0, len(points), batch_size):
@@ -39,8 +39,8 @@ def decode(model, points, width, batch_size):
 
 def measure(model, points, targets, width, batch_size):
     """`{exact_match, area_coverage, valid, decode_seconds}` of one width on one test set."""
-    from keras_attn.zoo.datasets import loading
-    from keras_attn.zoo.geometry import hull_report, rotate_to_lowest_index
+    from keras_attn.models.datasets import loading
+    from keras_attn.models.geometry import hull_report, rotate_to_lowest_index
 
     start = time.perf_counter()
     polygons = decode(model, points, width, batch_size)
@@ -90,8 +90,8 @@ def _parser():
 
 def main(argv=None):
     args = _parser().parse_args(argv)
-    from keras_attn.zoo.recipes import Settings
-    from keras_attn.zoo.recipes.pointer import (
+    from keras_attn.models.recipes import Settings
+    from keras_attn.models.recipes.pointer import (
         FINAL_WEIGHTS,
         LATEST_WEIGHTS,
         build_model,

@@ -3,7 +3,7 @@
 Bahdanau et al. (2015, figure 2) showed the encoder-decoder without attention
 falling apart on long sentences, because one fixed-size state must carry the
 whole source. This command measures that on the project's generated tasks
-(`keras_attn_seq2seq`): for each length, the same `keras_attn.zoo.rnn_seq2seq` is
+(`keras_attn_seq2seq`): for each length, the same `keras_attn.models.rnn_seq2seq` is
 trained with `score=None` and with each attention score under the same number
 of steps, and evaluated by greedy decoding on held-out sources. Every
 evaluation point records the training time so far, so the same runs also give
@@ -39,7 +39,7 @@ def load_task(task, length, num_train, num_test, data_dir):
     """`(train, test)` lists of `(source, target)` strings of `keras_attn_seq2seq`."""
     import tensorflow_datasets as tfds
 
-    from keras_attn.zoo.datasets import KerasAttnSeq2seq, SyntheticConfig
+    from keras_attn.models.datasets import KerasAttnSeq2seq, SyntheticConfig
 
     config = SyntheticConfig(
         name=f"{task}-{length}-{length}-{num_train}",
@@ -116,7 +116,7 @@ class _Evaluate(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.train_seconds += time.perf_counter() - self.started
-        from keras_attn.zoo.decoding import greedy_decode
+        from keras_attn.models.decoding import greedy_decode
 
         decoded = np.asarray(
             greedy_decode(self.model, self.source, self.labels.shape[1], START, END)
@@ -137,7 +137,7 @@ def run(score, train, test, vocab_size, args):
     """Trains one model; returns its evaluation curve."""
     import tensorflow as tf
 
-    from keras_attn.zoo import rnn_seq2seq
+    from keras_attn.models import rnn_seq2seq
 
     keras.utils.set_random_seed(args.seed)
     model = rnn_seq2seq(

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from keras_attn import kernels, masks, ops, scores
+from keras_attn import _checkout, kernels, masks, ops, scores
 from keras_attn.additive_attention import AdditiveAttention
 from keras_attn.base import ScoreAttention
 from keras_attn.bilinear_attention import BilinearAttention
@@ -25,9 +25,11 @@ from keras_attn.rotary import RotaryEmbedding
 from keras_attn.transformer import FeedForward, TransformerEncoderBlock
 from keras_attn.transformer_decoder import TransformerDecoderBlock
 
-# The zoo's glue layers (registered under `keras_attn.zoo>`), so that `import keras_attn`
-# is all a user needs to reload a zoo model; `keras_attn.zoo` itself loads lazily.
-from keras_attn.zoo import layers as _zoo_layers  # noqa: F401, E402
+# The model zoo, `keras_attn.models`, is the repository's `models/` folder: an install maps
+# it under this package (setup.cfg's package_dir); in a source checkout (the repository
+# root on sys.path: pytest, `python -m keras_attn.models.cli`) one finder maps this one name
+# to the folder beside this package. Nothing of the zoo is imported here.
+_checkout.map_models_folder(__path__[0])
 
 __all__ = [
     "AdditiveAttention",
@@ -62,8 +64,8 @@ __all__ = [
 def __getattr__(name):
     # `keras_attn.testing` (the property checks) loads on first use: it is not
     # needed to build or run a model, and imports more of the backend.
-    # `keras_attn.zoo` (the model builders) likewise.
-    if name in ("testing", "zoo"):
+    # `keras_attn.models` (the model zoo) likewise, and never from `import keras_attn`.
+    if name in ("testing", "models"):
         import importlib
 
         return importlib.import_module(f"keras_attn.{name}")

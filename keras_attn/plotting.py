@@ -276,7 +276,7 @@ def plot_pointer(
     Args:
         points: the inputs of one example, `(N, 2)`, `(N,)` or `(N, 1)` (without
             padding points).
-        pointers: the chosen positions `(T,)`, e.g. `keras_attn.zoo.pointer_decode(...)[0]`;
+        pointers: the chosen positions `(T,)`, e.g. `keras_attn.models.pointer_decode(...)[0]`;
             trailing `-1` (padding) are ignored.
         target: the true pointers `(T',)` (hull only), or None.
         ax: a matplotlib `Axes` to draw on; a new figure when None.

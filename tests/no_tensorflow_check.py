@@ -52,7 +52,7 @@ def main():
 
     import keras_attn
     import keras_attn.testing
-    from keras_attn import zoo
+    from keras_attn import models as zoo
 
     assert keras.backend.backend() != "tensorflow", keras.backend.backend()
     rng = np.random.default_rng(0)

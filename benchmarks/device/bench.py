@@ -288,13 +288,13 @@ def cmd_fit(args):
     import keras
     import numpy as np
 
-    from keras_attn import zoo
+    from keras_attn import models
 
     row = plan.fit_cases([args.backend])[0]
     dry = (100, 16, 8, 2, 32, 1)
     vocab, length, batch, steps, dim, layers = dry if args.dry_run else (8000, 256, 32, 20, 256, 2)
     try:
-        model = zoo.transformer_classifier(
+        model = models.transformer_classifier(
             vocab, length, 2, num_layers=layers, num_heads=4, d_model=dim, intermediate_dim=2 * dim
         )
         model.compile(

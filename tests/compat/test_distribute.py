@@ -104,7 +104,7 @@ def _train(tmp_path, name, data_dir, devices, *flags):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """The tiny copy set, generated once: workers must not generate it at the same time."""
-    from keras_attn.zoo.datasets import loading
+    from keras_attn.models.datasets import loading
 
     path = str(tmp_path_factory.mktemp("tfds"))
     loading.load(DATASET, "train", path)
@@ -194,8 +194,8 @@ def test_two_workers_train_like_two_replicas_and_only_the_chief_writes(
 
 
 def test_multi_worker_without_tf_config_fails_plainly(capsys, monkeypatch):
-    from keras_attn.zoo import cli
-    from keras_attn.zoo.recipes import distribution_strategy
+    from keras_attn.models import cli
+    from keras_attn.models.recipes import distribution_strategy
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert cli.main(["train", "pointer-sort", "--strategy", "multi-worker"]) == 2
@@ -226,9 +226,9 @@ def _inspect(path):
     _split_cpu(2)
     import keras
 
-    from keras_attn import zoo
-    from keras_attn.zoo.decoding import predict_batch
-    from keras_attn.zoo.recipes import distribution_strategy
+    from keras_attn import models as zoo
+    from keras_attn.models.decoding import predict_batch
+    from keras_attn.models.recipes import distribution_strategy
 
     strategy = distribution_strategy("mirrored")
     rng = np.random.default_rng(0)
@@ -298,7 +298,7 @@ def _cli(devices, path, argv):
         _split_cpu(devices)
     import keras
 
-    from keras_attn.zoo import cli, recipes
+    from keras_attn.models import cli, recipes
 
     class StepLosses(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

@@ -32,7 +32,7 @@ def train(devices):
     import jax
     import keras
 
-    from keras_attn import zoo
+    from keras_attn import models as zoo
 
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)

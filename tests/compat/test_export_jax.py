@@ -19,7 +19,7 @@ import keras_attn
 from keras_attn import kernels
 from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels.chunked import chunked_attention
-from keras_attn.zoo import export_seq2seq, greedy_decode, rnn_seq2seq, transformer_seq2seq
+from keras_attn.models import export_seq2seq, greedy_decode, rnn_seq2seq, transformer_seq2seq
 from model_checks import padded_tokens
 
 # Selected by .ci/jax (`backends`); it runs on JAX only.

@@ -3,10 +3,11 @@
 The shared checks (`layer_checks`, `model_checks`, `keras_attn.testing`) already
 save and reload every layer and zoo model in the test process. What is added here:
 
-- a reload in a fresh Python process that imports only `keras_attn`
-  (what a user does), with `safe_mode=True` and no `custom_objects`, covering every
-  class registered under `keras_attn>` and `keras_attn.zoo>` (a new class without a case
-  fails the test), nested objects included (score layers, rotary embeddings);
+- a reload in a fresh Python process that imports only `keras_attn.models`
+  (what a user does to reload a zoo model; it imports `keras_attn`), with
+  `safe_mode=True` and no `custom_objects`, covering every class registered under
+  `keras_attn>` and `keras_attn.models>` (a new class without a case fails the test),
+  nested objects included (score layers, rotary embeddings);
 - no code in the project asks for `safe_mode=False`, `custom_objects` or unsafe
   deserialization;
 - a `.keras` file whose config was tampered with (an unknown class, a system
@@ -26,10 +27,10 @@ import numpy as np
 import pytest
 
 import keras_attn as ka
-from keras_attn import zoo
+from keras_attn import models as zoo
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGES = ("keras_attn>", "keras_attn.zoo>")
+PACKAGES = ("keras_attn>", "keras_attn.models>")
 rng = np.random.default_rng(0)
 Q = rng.normal(size=(2, 4, 8)).astype("float32")
 V = rng.normal(size=(2, 5, 8)).astype("float32")
@@ -137,6 +138,24 @@ CASES = {
         zoo.rnn_seq2seq(15, 15, embedding_dim=8, units=8, score="bilinear"),
         _seq2seq_inputs(),
     ),
+    "TextSeq2Seq": lambda: (
+        zoo.text.TextSeq2Seq(
+            zoo.transformer_seq2seq(6, 6, num_layers=1, num_heads=2, d_model=8, intermediate_dim=8),
+            zoo.text.string_lookup(["", "[UNK]", "a", "b", "c", "d"]),
+            zoo.text.string_lookup(["", "[UNK]", "<s>", "</s>", "a", "b"]),
+            4,
+            5,
+        ),
+        {"encoder_inputs": _tokens(2, 5, 6), "decoder_inputs": _tokens(2, 4, 6)},
+    ),  # fmt: skip
+    "TextClassifier": lambda: (
+        zoo.text.TextClassifier(
+            zoo.transformer_classifier(8, 4, 2, num_layers=1, d_model=8, intermediate_dim=8),
+            keras.layers.TextVectorization(vocabulary=["a", "b"], output_sequence_length=4),
+            ["no", "yes"],
+        ),
+        {"tokens": _tokens(2, 4, 4)},
+    ),
     "pointer_network": lambda: (
         zoo.pointer_network(input_dim=1, units=8),
         {
@@ -174,7 +193,7 @@ LOADER = textwrap.dedent(
     import os, pathlib, sys
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras, numpy as np
-    import keras_attn  # what a user imports; no custom_objects
+    import keras_attn.models  # what a user imports; no custom_objects
 
     failures, paths = [], sorted(pathlib.Path(sys.argv[1]).glob("*.keras"))
     for path in paths:

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.zoo import (
+from keras_attn.models import (
     beam_search,
     export_seq2seq,
     greedy_decode,
     rnn_seq2seq,
     transformer_seq2seq,
 )
-from keras_attn.zoo.decoding import register_decoding_steps
+from keras_attn.models.decoding import register_decoding_steps
 from model_checks import padded_tokens
 
 pytestmark = pytest.mark.jax_slow  # on TensorFlow and torch in CI

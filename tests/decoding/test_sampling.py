@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn.zoo import greedy_decode, transformer_seq2seq
-from keras_attn.zoo.decoding import sample_decode
-from keras_attn.zoo.sampling import greedy_tokens, sample_tokens
+from keras_attn.models import greedy_decode, transformer_seq2seq
+from keras_attn.models.decoding import sample_decode
+from keras_attn.models.sampling import greedy_tokens, sample_tokens
 from model_checks import padded_tokens
 
 pytestmark = pytest.mark.jax_slow  # on TensorFlow and torch in CI

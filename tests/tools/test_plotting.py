@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from keras_attn import plotting  # noqa: E402
-from keras_attn.zoo import hierarchical_attention_network, rnn_seq2seq  # noqa: E402
-from keras_attn.zoo.datasets import convex_hull_indices  # noqa: E402
+from keras_attn.models import hierarchical_attention_network, rnn_seq2seq  # noqa: E402
+from keras_attn.models.datasets import convex_hull_indices  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -13,8 +13,8 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-from keras_attn.zoo import datasets  # noqa: E402  (after the importorskip)
-from keras_attn.zoo.datasets import bundled  # noqa: E402
+from keras_attn.models import datasets  # noqa: E402  (after the importorskip)
+from keras_attn.models.datasets import bundled  # noqa: E402
 
 CATALOG = r"""# header comment
 msgid ""

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from keras_attn.zoo import cli, recipes
-from keras_attn.zoo.recipes import pointer
+from keras_attn.models import cli, recipes
+from keras_attn.models.recipes import pointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,11 +30,11 @@ def run(capsys, *argv):
 def run_command(tmp_path, *argv, **env):
     """`keras-attn` in a fresh process, as a user's shell runs it (no TF_CPP_MIN_LOG_LEVEL).
 
-    TensorFlow reads its log level once, when imported: the command runs `keras_attn/zoo/cli.py`
+    TensorFlow reads its log level once, when imported: the command runs `models/cli.py`
     as the program, so that nothing imports TensorFlow before the command sets it.
     """
     environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    program = "import runpy; runpy.run_path('keras_attn/zoo/cli.py', run_name='__main__')"
+    program = "import runpy; runpy.run_path('models/cli.py', run_name='__main__')"
     completed = subprocess.run(
         [sys.executable, "-c", program, *argv], cwd=ROOT, env={**environment, **env},
         capture_output=True, text=True, timeout=600,

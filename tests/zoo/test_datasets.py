@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import keras_attn.zoo.datasets
-from keras_attn.zoo import geometry
-from keras_attn.zoo.datasets import convex_hull_indices, loading
+import keras_attn.models.datasets
+from keras_attn.models import geometry
+from keras_attn.models.datasets import convex_hull_indices, loading
 
 SEQ2SEQ = ("keras_attn_seq2seq/tiny-copy", "keras_attn_seq2seq/tiny-reverse")
 ADDITION = "keras_attn_seq2seq/tiny-addition"
@@ -90,11 +90,13 @@ def test_seq2seq_has_the_feature_type_of_real_translation_data(tmp_path):
 
 def test_every_builder_has_a_tiny_config():
     for builder in (
-        keras_attn.zoo.datasets.KerasAttnSorting,
-        keras_attn.zoo.datasets.KerasAttnConvexHull,
+        keras_attn.models.datasets.KerasAttnSorting,
+        keras_attn.models.datasets.KerasAttnConvexHull,
     ):
         assert "tiny" in builder.builder_configs
-    tiny = [c for c in keras_attn.zoo.datasets.KerasAttnSeq2seq.BUILDER_CONFIGS if "tiny" in c.name]
+    tiny = [
+        c for c in keras_attn.models.datasets.KerasAttnSeq2seq.BUILDER_CONFIGS if "tiny" in c.name
+    ]
     assert sorted(c.task for c in tiny) == ["addition", "copy", "reverse"]
 
 
@@ -183,7 +185,7 @@ def test_generation_is_deterministic(data_dir, tmp_path):
 
 
 def test_load_prepares_and_pads(tmp_path):
-    ds = keras_attn.zoo.datasets.load(
+    ds = keras_attn.models.datasets.load(
         "keras_attn_convex_hull/tiny", "train", str(tmp_path), batch_size=32
     )
     assert tfds.builder("keras_attn_convex_hull/tiny", data_dir=tmp_path).is_prepared()
@@ -196,24 +198,24 @@ def test_load_prepares_and_pads(tmp_path):
             k = int((hull[i] != loading.PAD_INDEX).sum())
             assert (hull[i, k:] == loading.PAD_INDEX).all()
             check_hull(points[i, : n[i]], hull[i, :k])
-    ds = keras_attn.zoo.datasets.load("keras_attn_sorting/tiny", "test", tmp_path, batch_size=16)
+    ds = keras_attn.models.datasets.load("keras_attn_sorting/tiny", "test", tmp_path, batch_size=16)
     x, y = next(iter(ds))
     assert x.shape == (16, 5, 1) and y.shape == (16, 5)
 
 
 def test_load_never_downloads(tmp_path):
     with pytest.raises(FileNotFoundError, match="never downloads"):
-        keras_attn.zoo.datasets.load("mnist", "train", str(tmp_path))
+        keras_attn.models.datasets.load("mnist", "train", str(tmp_path))
 
 
 def test_importing_the_zoo_does_not_import_tfds():
-    code = "import sys, keras_attn.zoo; assert 'tensorflow_datasets' not in sys.modules"
+    code = "import sys, keras_attn.models; assert 'tensorflow_datasets' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_size_configs_for_length_generalisation(tmp_path):
-    sorting = keras_attn.zoo.datasets.KerasAttnSorting.builder_configs
-    hull = keras_attn.zoo.datasets.KerasAttnConvexHull.builder_configs
+    sorting = keras_attn.models.datasets.KerasAttnSorting.builder_configs
+    hull = keras_attn.models.datasets.KerasAttnConvexHull.builder_configs
     assert (sorting["n5-20"].min_len, sorting["n5-20"].max_len) == (5, 20)
     assert (hull["n5-50"].min_len, hull["n5-50"].max_len) == (5, 50)
     for config in (sorting["n50"], sorting["n100"], hull["n100"], hull["n200"]):

@@ -61,7 +61,7 @@ def no_downloads(monkeypatch):
 @pytest.fixture(scope="module")
 def generated_dir(tmp_path_factory):
     """The tiny generated tasks the smoke runs use, prepared once."""
-    import keras_attn.zoo.datasets  # noqa: F401  (registers the builders)
+    import keras_attn.models.datasets  # noqa: F401  (registers the builders)
 
     data_dir = tmp_path_factory.mktemp("tfds")
     for name in ("keras_attn_sorting/tiny", "keras_attn_convex_hull/tiny"):

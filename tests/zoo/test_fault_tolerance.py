@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_attn import zoo
-from keras_attn.zoo.decoding import export_seq2seq
-from keras_attn.zoo.files import write_atomically
-from keras_attn.zoo.recipes import BackupAndRestore, Settings
+from keras_attn import models as zoo
+from keras_attn.models.decoding import export_seq2seq
+from keras_attn.models.files import write_atomically
+from keras_attn.models.recipes import BackupAndRestore, Settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 300  # seconds for one run, the start of TensorFlow included

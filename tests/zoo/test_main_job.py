@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,7 +45,7 @@ def test_the_main_job_reaches_the_figure_the_readme_states(tmp_path):
     # (it warned at every epoch that a cached dataset was not read to its end).
     environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "1"}
     completed = subprocess.run(  # the README's command, its data generated afresh
-        [sys.executable, "-m", "keras_attn.zoo.cli", "train", "transformer-reverse",
+        [sys.executable, "-m", "keras_attn.models.cli", "train", "transformer-reverse",
          "--data-dir", str(tmp_path / "tfds"), "--output", str(out)],
         cwd=ROOT, env=environment, capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
@@ -57,3 +58,21 @@ def test_the_main_job_reaches_the_figure_the_readme_states(tmp_path):
     assert metrics["exact_match"] == pytest.approx(stated_exact_match(), abs=TOLERANCE)
     assert "first test pair" in completed.stdout  # the example printed and plotted
     assert (out / "transformer-reverse_attention.png").stat().st_size > 0
+
+    # Text in, text out (README, "Text in, text out"): the command, then the SavedModel called
+    # with 20 random letter sequences by TensorFlow alone (keras and keras_attn unfindable).
+    predicted = subprocess.run(
+        [sys.executable, "-m", "keras_attn.models.cli", "predict", "transformer-reverse",
+         "n a f h g", "--runs-dir", str(out)],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert predicted.returncode == 0 and predicted.stdout == "g h f a n\n", predicted.stderr
+    from test_models_text import tensorflow_alone
+
+    rng = np.random.default_rng(0)
+    letters = [" ".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(5, 21)))
+               for _ in range(20)]  # fmt: skip
+    served = tensorflow_alone(out / "transformer-reverse_savedmodel", letters)["text"]
+    expected = [" ".join(t.split()[::-1]) for t in letters]
+    reversed_right = sum(o == e for o, e in zip(served, expected, strict=True))
+    assert reversed_right >= 19, list(zip(letters, served, strict=True))

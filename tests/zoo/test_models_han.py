@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from keras_attn import AttentionPooling
-from keras_attn.zoo import hierarchical_attention_network
-from keras_attn.zoo.layers import FoldIntoBatch, MeanPooling, PaddingMask, UnfoldFromBatch
+from keras_attn.models import hierarchical_attention_network
+from keras_attn.models.layers import FoldIntoBatch, MeanPooling, PaddingMask, UnfoldFromBatch
 from layer_checks import check_layer
 from model_checks import check_model
 

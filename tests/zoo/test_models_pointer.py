@@ -4,12 +4,12 @@ import keras
 import numpy as np
 import pytest
 
-import keras_attn.zoo.datasets
-from keras_attn.zoo import pointer_decode, pointer_network
-from keras_attn.zoo.datasets import convex_hull_indices
-from keras_attn.zoo.decoding import polygon_decode
-from keras_attn.zoo.geometry import hull_metrics, is_simple_polygon
-from keras_attn.zoo.layers import ChosenPositionsMask, PointerDecoderInputs
+import keras_attn.models.datasets
+from keras_attn.models import pointer_decode, pointer_network
+from keras_attn.models.datasets import convex_hull_indices
+from keras_attn.models.decoding import polygon_decode
+from keras_attn.models.geometry import hull_metrics, is_simple_polygon
+from keras_attn.models.layers import ChosenPositionsMask, PointerDecoderInputs
 from layer_checks import check_layer
 from model_checks import check_model
 
@@ -207,7 +207,7 @@ def test_pointer_network_learns_to_sort_five_numbers():
 
 
 def test_pointer_network_trains_on_the_convex_hull_dataset(tmp_path):
-    dataset = keras_attn.zoo.datasets.load(
+    dataset = keras_attn.models.datasets.load(
         "keras_attn_convex_hull/tiny", "train", str(tmp_path / "tfds"), batch_size=32
     )
     points, hull = (_np(t) for t in next(iter(dataset)))  # padded with -1.0 / -1

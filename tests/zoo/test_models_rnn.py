@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.zoo import rnn_seq2seq
+from keras_attn.models import rnn_seq2seq
 from model_checks import check_model
 
 SCORES = ["additive", "dot", "scaled_dot", "bilinear", None]

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.zoo import transformer_classifier, transformer_seq2seq
+from keras_attn.models import transformer_classifier, transformer_seq2seq
 from model_checks import check_model, padded_tokens
 
 START = 1

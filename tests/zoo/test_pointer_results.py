@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from keras_attn.zoo import geometry, pointer_decode, pointer_network
-from keras_attn.zoo.datasets import convex_hull_indices
-from keras_attn.zoo.decoding import polygon_decode
-from keras_attn.zoo.pointer_search import convex_candidates, polygon_beam_search, sort_decode
-from keras_attn.zoo.recipes import Settings, pointer, train
+from keras_attn.models import geometry, pointer_decode, pointer_network
+from keras_attn.models.datasets import convex_hull_indices
+from keras_attn.models.decoding import polygon_decode
+from keras_attn.models.pointer_search import convex_candidates, polygon_beam_search, sort_decode
+from keras_attn.models.recipes import Settings, pointer, train
 
 # A unit square with its centre and an edge midpoint: the hull is [0, 1, 2, 3].
 SQUARE = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [0.5, 0.5], [0.5, 0]], "float64")

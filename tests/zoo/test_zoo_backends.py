@@ -1,7 +1,7 @@
 """Every zoo builder trains, reloads and decodes on the backend the run is on.
 
 The same file runs on TensorFlow, JAX and torch (`KERAS_BACKEND`): each builder of
-`keras_attn.zoo`, tiny, goes through `model_checks.check_model` (a few full-batch
+`keras_attn.models`, tiny, goes through `model_checks.check_model` (a few full-batch
 `fit` steps on padded synthetic data lower a finite loss; `.keras` reload with
 `safe_mode=True` gives equal outputs; the SavedModel too on TensorFlow), then the
 decoding functions run on the trained model and are checked against the model itself.
@@ -37,7 +37,7 @@ def _seq2seq_batch(rng, n=8, source_length=7, target_length=6, vocab=12):
 
 
 def _transformer_classifier(rng):
-    from keras_attn.zoo import transformer_classifier
+    from keras_attn.models import transformer_classifier
 
     model = transformer_classifier(
         vocab_size=20, sequence_length=9, num_classes=3, num_layers=1, num_heads=2,
@@ -48,21 +48,21 @@ def _transformer_classifier(rng):
 
 
 def _transformer_seq2seq(rng):
-    from keras_attn.zoo import transformer_seq2seq
+    from keras_attn.models import transformer_seq2seq
 
     model = transformer_seq2seq(12, 12, num_layers=1, num_heads=2, d_model=16, intermediate_dim=32)
     return model, *_seq2seq_batch(rng), _sparse_loss(from_logits=True)
 
 
 def _rnn_seq2seq(rng):
-    from keras_attn.zoo import rnn_seq2seq
+    from keras_attn.models import rnn_seq2seq
 
     model = rnn_seq2seq(12, 12, embedding_dim=8, units=16, score="additive")
     return model, *_seq2seq_batch(rng), _sparse_loss(from_logits=True)
 
 
 def _pointer_network(rng):
-    from keras_attn.zoo import pointer_network
+    from keras_attn.models import pointer_network
 
     # Sorting five numbers, padded to seven points (-1.0) and to -1 after shorter targets.
     points = rng.uniform(size=(8, 5, 1)).astype("float32")
@@ -75,7 +75,7 @@ def _pointer_network(rng):
 
 
 def _hierarchical_attention_network(rng):
-    from keras_attn.zoo import hierarchical_attention_network
+    from keras_attn.models import hierarchical_attention_network
 
     docs = rng.integers(1, 30, (8, 3, 6)).astype("int32")
     docs[np.arange(6) >= rng.integers(1, 7, (8, 3))[..., None]] = 0  # padded words
@@ -89,7 +89,7 @@ def _hierarchical_attention_network(rng):
 
 def _check_greedy_decode(model, x):
     """Teacher-forced on its own greedy output, the model's argmax (0 excluded) is that output."""
-    from keras_attn.zoo import greedy_decode
+    from keras_attn.models import greedy_decode
 
     source = x["encoder_inputs"]
     tokens = _np(greedy_decode(model, source, max_length=5, start_id=START))  # (B, 5)
@@ -101,7 +101,7 @@ def _check_greedy_decode(model, x):
 
 def _check_pointer_decode(model, x):
     """A permutation whose each step is the likeliest position not chosen before."""
-    from keras_attn.zoo import pointer_decode
+    from keras_attn.models import pointer_decode
 
     points = x["points"][:, :5]  # the five real points
     order = pointer_decode(model, points)  # (B, 5)

@@ -15,8 +15,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import zoo
-from keras_attn.zoo.recipes.common import (
+from keras_attn import models
+from keras_attn.models import text
+from keras_attn.models.recipes.common import (
     END,
     START,
     Result,
@@ -94,7 +95,7 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
         sources, targets = zip(*test.as_numpy_iterator(), strict=True)
         source_ids = np.asarray(source_vectorizer(np.array(sources)))
         max_length = int(np.asarray(target_vectorizer(np.array(targets))).shape[1]) + 1
-        decoded = np.asarray(zoo.greedy_decode(model, source_ids, max_length, start_id, end_id))
+        decoded = np.asarray(models.greedy_decode(model, source_ids, max_length, start_id, end_id))
         words = np.array(vocab)
         outputs = [" ".join(words[row[(row != 0) & (row != end_id)]]) for row in decoded]
         expected = [t.decode() for t in targets]
@@ -105,8 +106,21 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
         print(f"  source:   {sources[0].decode()}")
         print(f"  expected: {expected[0]}\n  decoded:  {outputs[0]}")
 
+        # Text in, text out: the vocabularies with the model. Sources are cut to the longest
+        # training source; decoding stops at the longest target seen, plus its end token.
+        source_length = _longest(train.map(lambda s, t: s))
+        text_model = text.TextSeq2Seq(
+            model,
+            text.string_lookup(source_vectorizer.get_vocabulary()),
+            text.string_lookup(vocab),
+            source_length,
+            max(max_length, _longest(train.map(lambda s, t: t)) + 1),
+            START,
+            END,
+        )
+
         def export(path):
-            zoo.export_seq2seq(model, path, max_length, start_id, end_id)
+            text_model.export_text(path)
 
         def plot(path):
             from keras_attn import plotting
@@ -121,7 +135,7 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
             )
             plotting.save_figure(fig, path)
 
-        return Result(name, model, metrics, export, plot)
+        return Result(name, model, metrics, export, plot, text_model)
 
     run.__name__ = task_name
     run.training = training
@@ -144,13 +158,19 @@ def _size(ds):
     return int(ds.reduce(0, lambda n, _: n + 1))
 
 
+def _longest(texts):
+    """The most whitespace-separated words of a string in `texts` (a dataset of strings)."""
+    words = texts.map(lambda t: tf.size(tf.strings.split(t)))
+    return int(words.reduce(tf.constant(1), tf.maximum))
+
+
 def _seq2seq_model(architecture, source_vocab, target_vocab, dropout):
     if architecture == "transformer":
-        return zoo.transformer_seq2seq(
+        return models.transformer_seq2seq(
             source_vocab, target_vocab, num_layers=2, num_heads=4, d_model=64,
             intermediate_dim=128, dropout=dropout,
         )  # fmt: skip
-    return zoo.rnn_seq2seq(source_vocab, target_vocab, 64, 128, score="additive")
+    return models.rnn_seq2seq(source_vocab, target_vocab, 64, 128, score="additive")
 
 
 def cross_attention_weights(model, source_ids, decoded, start_id):
@@ -161,7 +181,7 @@ def cross_attention_weights(model, source_ids, decoded, start_id):
     ].astype("int32")
     x = {"encoder_inputs": source_ids, "decoder_inputs": decoder_inputs}
     if "decoder_block_0" in {layer.name for layer in model.layers}:
-        from keras_attn.zoo.transformer_seq2seq import TransformerDecodingSteps
+        from keras_attn.models.transformer_seq2seq import TransformerDecodingSteps
 
         steps = TransformerDecodingSteps(model)
         encoded = steps.encoder(source_ids)
@@ -171,7 +191,7 @@ def cross_attention_weights(model, source_ids, decoded, start_id):
         _, _, cross = steps.blocks[-1](y, encoded, return_attention_scores=True)
         weights = keras.ops.mean(cross, axis=1)  # mean over heads: (B, T, S)
     else:
-        attention_model = zoo.rnn_seq2seq(**_rnn_config(model), return_attention=True)
+        attention_model = models.rnn_seq2seq(**_rnn_config(model), return_attention=True)
         attention_model.set_weights(model.get_weights())
         weights = attention_model(x)["attention"]
     mask = source_ids != 0

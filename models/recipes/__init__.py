@@ -14,7 +14,7 @@ import contextlib
 
 import keras
 
-from keras_attn.zoo.recipes.common import (
+from keras_attn.models.recipes.common import (
     BackupAndRestore,
     Result,
     Settings,
@@ -23,9 +23,9 @@ from keras_attn.zoo.recipes.common import (
     load_supervised,
     writes_files,
 )
-from keras_attn.zoo.recipes.pointer import pointer_task
-from keras_attn.zoo.recipes.seq2seq import Training, seq2seq_task
-from keras_attn.zoo.recipes.text_classification import imdb_task
+from keras_attn.models.recipes.pointer import pointer_task
+from keras_attn.models.recipes.seq2seq import Training, seq2seq_task
+from keras_attn.models.recipes.text_classification import imdb_task
 
 # ---------------------------------------------------------------------------
 # The tasks

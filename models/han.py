@@ -3,7 +3,7 @@
 import keras
 
 import keras_attn
-from keras_attn.zoo.layers import FoldIntoBatch, MeanPooling, PaddingMask, UnfoldFromBatch
+from keras_attn.models.layers import FoldIntoBatch, MeanPooling, PaddingMask, UnfoldFromBatch
 
 _POOLINGS = ("attention", "mean")
 
@@ -50,7 +50,7 @@ def hierarchical_attention_network(
         dropout: dropout on the document vector, in training.
         pooling: `"attention"` (the paper) or `"mean"`: the ablation, the same
             network with both poolings replaced by the mean over real words and
-            sentences (`keras_attn.zoo.layers.MeanPooling`; uniform returned weights).
+            sentences (`keras_attn.models.layers.MeanPooling`; uniform returned weights).
         return_attention: output a dict `{"logits", "word_attention" (B, S, W),
             "sentence_attention" (B, S)}`. The layers are the same, so a
             trained model's weights load into it with `set_weights`.

@@ -31,10 +31,15 @@ import os
 import re
 
 import tensorflow_datasets as tfds
+from etils import epath
 
 
 class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """A builder whose data is on this machine: `keras_attn.zoo.datasets.load` prepares it."""
+    """A builder whose data is on this machine: `keras_attn.models.datasets.load` prepares it."""
+
+    # tfds reads a builder's metadata beside its module, the folder it infers from the module
+    # name (`keras_attn/models/datasets/`): in a checkout that folder is `models/datasets/`.
+    pkg_dir_path = epath.Path(os.path.dirname(os.path.abspath(__file__)))
 
 
 def package_dir(name):

@@ -2,7 +2,7 @@
 
 The zoo models must reload with `keras.saving.load_model(path, safe_mode=True)`,
 so they hold no `Lambda` layers: each piece of glue is a layer here,
-registered with `package="keras_attn.zoo"`, with a `get_config`.
+registered with `package="keras_attn.models"`, with a `get_config`.
 """
 
 import keras
@@ -10,7 +10,7 @@ from keras import ops as kops
 
 from keras_attn import ops as attn_ops
 
-_REGISTER = keras.saving.register_keras_serializable(package="keras_attn.zoo")
+_REGISTER = keras.saving.register_keras_serializable(package="keras_attn.models")
 
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """`export_seq2seq`: a SavedModel of a seq2seq model that decodes inside its graph.
 
-Also importable from `keras_attn.zoo` and `keras_attn.zoo.decoding`. It needs
+Also importable from `keras_attn.models` and `keras_attn.models.decoding`. It needs
 TensorFlow (a SavedModel is TensorFlow's format) and the tensorflow or jax
 backend; `greedy_decode` and the other decoders do not.
 """
@@ -8,8 +8,8 @@ backend; `greedy_decode` and the other decoders do not.
 import keras
 from keras import ops
 
-from keras_attn.zoo.decoding import check_lengths, decoding_steps, greedy_decode
-from keras_attn.zoo.files import write_atomically
+from keras_attn.models.decoding import check_lengths, decoding_steps, greedy_decode
+from keras_attn.models.files import write_atomically
 
 
 def export_seq2seq(
@@ -51,6 +51,52 @@ def export_seq2seq(
         path: the SavedModel directory, written atomically (`write_atomically`).
         max_length, start_id, end_id: as in `greedy_decode`.
     """
+    archive, decoder = seq2seq_archive(model, max_length, start_id, end_id)
+
+    def serving_default(encoder_inputs):
+        return {"tokens": decoder(encoder_inputs)}
+
+    add_endpoints(archive, {"serving_default": serving_default}, tuple(model.input))
+    write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+
+
+def _specs(names, dtype):
+    import tensorflow as tf
+
+    source = tf.TensorSpec((None, None), dtype, name="encoder_inputs")
+    pair = {name: tf.TensorSpec((None, None), dtype, name=name) for name in names}
+    return {"serving_default": source, "greedy_decode": source, "serve": pair}
+
+
+def add_endpoints(archive, endpoints, names):
+    """Adds token endpoints (named as in `export_seq2seq`) to `archive`, per backend.
+
+    `names`: the model's input names (`serve` takes them by name).
+    """
+    import tensorflow as tf
+
+    if keras.backend.backend() == "jax":
+        for name, fn in endpoints.items():
+            # The tokens have no gradient: jax2tf need not convert one for the decoders.
+            kwargs = {} if name == "serve" else {"jax2tf_kwargs": {"with_gradient": False}}
+            signature = [_specs(names, tf.int64)[name]]
+            archive.add_endpoint(name, fn, input_signature=signature, **kwargs)
+        return
+    for name, fn in endpoints.items():
+        function = fn if isinstance(fn, tf.types.experimental.GenericFunction) else tf.function(fn)
+        # The first trace (int64) is the signature; int32 is traced for Python callers.
+        for dtype in (tf.int64, tf.int32):
+            function.get_concrete_function(_specs(names, dtype)[name])
+        archive.add_endpoint(name, function)
+
+
+def seq2seq_archive(model, max_length, start_id, end_id=None):
+    """An `ExportArchive` tracking `model`, with its `greedy_decode` and `serve` endpoints.
+
+    Returns:
+        `(archive, decoder)`: `decoder(encoder_inputs)` is the greedy decoding function
+        (a `tf.function` on TensorFlow), for more endpoints built on it.
+    """
     check_lengths(max_length, start_id, end_id)
     backend = keras.backend.backend()
     if backend not in ("tensorflow", "jax"):
@@ -66,8 +112,6 @@ def export_seq2seq(
         )
     import tensorflow as tf  # the SavedModel format (on JAX too: jax2tf)
 
-    names = tuple(model.input)
-
     def decode(encoder_inputs):
         source = ops.cast(encoder_inputs, "int32")
         return greedy_decode(model, source, max_length, start_id, end_id, steps=steps)
@@ -76,32 +120,10 @@ def export_seq2seq(
     # is traced (and stored in the SavedModel) once per dtype, not once per signature.
     decoder = decode if backend == "jax" else tf.function(decode)
 
-    def serving_default(encoder_inputs):
-        return {"tokens": decoder(encoder_inputs)}
-
     def teacher_forced(inputs):
         return model({name: ops.cast(x, "int32") for name, x in inputs.items()}, training=False)
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    endpoints = {"serving_default": serving_default, "greedy_decode": decoder}
-    endpoints["serve"] = teacher_forced
-
-    def specs(dtype):
-        source = tf.TensorSpec((None, None), dtype, name="encoder_inputs")
-        pair = {name: tf.TensorSpec((None, None), dtype, name=name) for name in names}
-        return {"serving_default": source, "greedy_decode": source, "serve": pair}
-
-    if backend == "jax":
-        for name, fn in endpoints.items():
-            # The tokens have no gradient: jax2tf need not convert one for the decoders.
-            kwargs = {} if name == "serve" else {"jax2tf_kwargs": {"with_gradient": False}}
-            archive.add_endpoint(name, fn, input_signature=[specs(tf.int64)[name]], **kwargs)
-    else:
-        for name, fn in endpoints.items():
-            function = fn if fn is decoder else tf.function(fn)
-            # The first trace (int64) is the signature; int32 is traced for Python callers.
-            for dtype in (tf.int64, tf.int32):
-                function.get_concrete_function(specs(dtype)[name])
-            archive.add_endpoint(name, function)
-    write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+    add_endpoints(archive, {"greedy_decode": decoder, "serve": teacher_forced}, tuple(model.input))
+    return archive, decoder

@@ -1,6 +1,6 @@
 """Choosing the next token from a decoder's logits: greedy and sampled.
 
-`keras_attn.zoo.decoding` calls these once per decoding step, inside its loop (eager,
+`keras_attn.models.decoding` calls these once per decoding step, inside its loop (eager,
 or a `tf.function` in a SavedModel). Both use `ops.top_k` rather than
 `ops.argmax`: on TensorFlow, Keras' `argmax` adds a sign-bit test
 (`tf.BitwiseAnd`) that TFLite's builtin ops lack, while `top_k` converts and

@@ -3,7 +3,7 @@
 import keras
 
 import keras_attn
-from keras_attn.zoo.layers import MeanPooling
+from keras_attn.models.layers import MeanPooling
 
 _POOLINGS = ("mean", "attention")
 

@@ -1,8 +1,9 @@
-"""`keras-attn`: list the tasks, or train one (fit, evaluate, save, export, plot).
+"""`keras-attn`: list the tasks, train one (fit, evaluate, save, export, plot), or predict.
 
     keras-attn list
     keras-attn train TASK [--dataset NAME] [--data-dir DIR] [--epochs N]
                           [--export DIR] [--plot FILE] [--output DIR] ...
+    keras-attn predict TASK [TEXT ...] [--runs-dir DIR]
 
 The default of every generated task needs no network: its tfds builder
 generates the data into `--data-dir`.
@@ -35,8 +36,10 @@ if _QUIET and "tensorflow" not in sys.modules:
 OUTPUT = "keras_attn_runs"
 TRAIN_EPILOG = f"""\
 outputs (OUTPUT is ./{OUTPUT} unless --output says otherwise):
-  OUTPUT/TASK.keras             the trained model (reload it after `import keras_attn`)
-  OUTPUT/TASK_savedmodel/       a SavedModel for serving (--export DIR instead)
+  OUTPUT/TASK.keras             the trained model, text tasks with their vocabularies (reload
+                                it after `import keras_attn.models`)
+  OUTPUT/TASK_savedmodel/       a SavedModel for serving, text in and out for text tasks
+                                (--export DIR instead)
   OUTPUT/TASK_attention.png     attention weights of one test example (--plot FILE instead)
   OUTPUT/TASK_metrics.json      the test metrics and the training losses
 
@@ -148,7 +151,37 @@ def _parser():
         "--backup-dir",
         help="checkpoint here every epoch; a killed run resumes from it (delete it to start over)",
     )
+    predict = commands.add_parser(
+        "predict",
+        help="a trained text task's output for each text (its last run)",
+        description="Load TASK's last run (OUTPUT/TASK.keras) and print one output line per "
+        "input text: the decoded text (seq2seq tasks) or the class name (classifiers).",
+    )
+    predict.add_argument("task", help="a text task that `keras-attn train` ran")
+    predict.add_argument(
+        "text", nargs="*", help="input texts (none: one per line of standard input)"
+    )
+    predict.add_argument(
+        "--runs-dir",
+        default=OUTPUT,
+        help="the run's directory, train's --output (default: ./%(default)s)",
+    )
     return parser
+
+
+def _predict(args):
+    """`keras-attn predict`: one line per input, in order; exit status 1 without a run."""
+    from keras_attn.models import text
+
+    texts = args.text if args.text else [line.rstrip("\n") for line in sys.stdin]
+    try:
+        model = text.load_run(args.task, args.runs_dir)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"keras-attn predict: error: {error}", file=sys.stderr)
+        return 1
+    for output in model.predict_text(texts) if texts else []:
+        print(output)
+    return 0
 
 
 def _quiet_tensorflow():
@@ -220,8 +253,10 @@ def main(argv=None):
     parser = _parser()
     args = parser.parse_args(argv)
     _quiet_tensorflow()
-    from keras_attn.zoo import recipes  # imports TensorFlow: after argument parsing
-    from keras_attn.zoo.files import write_atomically
+    if args.command == "predict":
+        return _predict(args)
+    from keras_attn.models import recipes  # imports TensorFlow: after argument parsing
+    from keras_attn.models.files import write_atomically
 
     if args.command == "list":
         width = max(map(len, recipes.TASKS))
@@ -254,7 +289,7 @@ def main(argv=None):
         return 1
     if not recipes.writes_files(result.model):  # a non-chief worker: the same saves, discarded
         with tempfile.TemporaryDirectory() as scratch:
-            result.model.save(os.path.join(scratch, "model.keras"))
+            (result.text_model or result.model).save(os.path.join(scratch, "model.keras"))
             result.export(os.path.join(scratch, "savedmodel"))
         print(f"trained {args.task} on {result.dataset} (a worker: the chief writes the files)")
         return 0
@@ -267,7 +302,7 @@ def main(argv=None):
         "metrics": f"{stem}_metrics.json",
     }
     # Written next to their paths and renamed into place: a kill leaves no half files.
-    write_atomically(paths["keras"], result.model.save)
+    write_atomically(paths["keras"], (result.text_model or result.model).save)
     write_atomically(paths["savedmodel"], result.export)
     result.plot(paths["plot"])
     history = getattr(result.model, "history", None)  # Keras' `History` of the last `fit`

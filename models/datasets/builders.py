@@ -7,13 +7,15 @@ splits, each generated from its own fixed seed, so a config always holds the sam
 """
 
 import dataclasses
+import os
 import string
 import zlib
 
 import numpy as np
 import tensorflow_datasets as tfds
+from etils import epath
 
-from keras_attn.zoo.geometry import convex_hull_indices
+from keras_attn.models.geometry import convex_hull_indices
 
 SPLITS = ("train", "validation", "test")
 _POINTER_NETWORKS = "https://arxiv.org/abs/1506.03134"
@@ -55,6 +57,10 @@ def _evaluation(name, **kwargs):
 
 class _SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     """Shared split logic: seeded generation, held-out splits disjoint from `train`."""
+
+    # tfds reads a builder's metadata beside its module, the folder it infers from the module
+    # name (`keras_attn/models/datasets/`): in a checkout that folder is `models/datasets/`.
+    pkg_dir_path = epath.Path(os.path.dirname(os.path.abspath(__file__)))
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}
@@ -110,8 +116,8 @@ class KerasAttnSorting(_SyntheticBuilder):
     Example:
 
     ```python
-    import keras_attn.zoo.datasets
-    ds = keras_attn.zoo.datasets.load("keras_attn_sorting/n10", "train", batch_size=128)
+    import keras_attn.models.datasets
+    ds = keras_attn.models.datasets.load("keras_attn_sorting/n10", "train", batch_size=128)
     # (inputs (128, 10, 1) float32, targets (128, 10) int32)
     ```
 
@@ -170,8 +176,8 @@ class KerasAttnConvexHull(_SyntheticBuilder):
     Example:
 
     ```python
-    import keras_attn.zoo.datasets
-    ds = keras_attn.zoo.datasets.load("keras_attn_convex_hull/n5-50", "train", batch_size=128)
+    import keras_attn.models.datasets
+    ds = keras_attn.models.datasets.load("keras_attn_convex_hull/n5-50", "train", batch_size=128)
     # (inputs (128, None, 2) float32 padded with -1.0, targets (128, None) int32 padded with -1)
     ```
 
@@ -237,7 +243,7 @@ class KerasAttnSeq2seq(_SyntheticBuilder):
 
     ```python
     import tensorflow_datasets as tfds
-    import keras_attn.zoo.datasets  # registers the builders
+    import keras_attn.models.datasets  # registers the builders
     ds = tfds.load("keras_attn_seq2seq/reverse-5-20", split="train", as_supervised=True)
     # (b"q b x", b"x b q"), ...: scalar strings, ready for keras.layers.TextVectorization
     ```

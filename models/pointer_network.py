@@ -3,7 +3,7 @@
 import keras
 
 import keras_attn
-from keras_attn.zoo.layers import ChosenPositionsMask, PointerDecoderInputs
+from keras_attn.models.layers import ChosenPositionsMask, PointerDecoderInputs
 
 # ---------------------------------------------------------------------------
 # Encoders: (points (B, N, d), units) -> (states (B, N, units), decoder initial state)
@@ -74,7 +74,7 @@ def pointer_network(
             (`SparseCategoricalCrossentropy(ignore_class=-1)`, or
             `sample_weight=(pointers >= 0)`). Output row `i` depends on
             `pointers[:, :i]` only, which is what step-by-step decoding uses
-            (`keras_attn.zoo.decoding.pointer_decode`).
+            (`keras_attn.models.decoding.pointer_decode`).
 
     Args:
         input_dim: width `d` of each input point (1 for sorting numbers, 2
@@ -94,7 +94,7 @@ def pointer_network(
         pad_value: for sets of different sizes padded to one `N`: a point
             whose features all equal `pad_value` is padding
             (`keras.layers.Masking`), skipped by the encoder and given
-            probability 0 (`keras_attn.zoo.datasets` pads convex-hull points with
+            probability 0 (`keras_attn.models.datasets` pads convex-hull points with
             `-1.0`). `None`: no padding.
         name: model name.
 

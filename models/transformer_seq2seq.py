@@ -30,7 +30,7 @@ def transformer_seq2seq(
     self-attention is causal, so row `t` of the output sees
     `decoder_inputs[:, :t + 1]` only; with `decoder_inputs` = the targets
     shifted right behind a start token, row `t` predicts target `t`.
-    Decode with `keras_attn.zoo.decoding.greedy_decode` / `beam_search` (KV-cached:
+    Decode with `keras_attn.models.decoding.greedy_decode` / `beam_search` (KV-cached:
     a step costs O(T)).
 
     Args:
@@ -111,7 +111,7 @@ def _layer_names(model):
 class TransformerDecodingSteps:
     """Incremental decoding of a `transformer_seq2seq` model with KV caches.
 
-    The decoding functions of `keras_attn.zoo.decoding` drive it: `start` encodes the
+    The decoding functions of `keras_attn.models.decoding` drive it: `start` encodes the
     source once (and projects it once per decoder block for
     cross-attention); each `step` embeds one token per example at position
     `index` and runs the decoder blocks on their caches, so a step costs

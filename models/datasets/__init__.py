@@ -13,20 +13,20 @@ Importing this package registers the builders with tensorflow-datasets:
   like `imdb_reviews`): real text read from installed packages (see `bundled`).
 
 `load(name, split, data_dir, batch_size=...)` prepares them on first use, offline.
-`keras_attn.zoo` itself does not import this package, so the layers and models work without
+`keras_attn.models` itself does not import this package, so the layers and models work without
 tensorflow-datasets installed.
 """
 
-from keras_attn.zoo.datasets.builders import (
+from keras_attn.models.datasets.builders import (
     SPLITS,
     KerasAttnConvexHull,
     KerasAttnSeq2seq,
     KerasAttnSorting,
     SyntheticConfig,
 )
-from keras_attn.zoo.datasets.bundled import KerasAttnRtPolarity, KerasAttnUiStrings
-from keras_attn.zoo.datasets.loading import PAD_INDEX, PAD_VALUE, load, padding_values
-from keras_attn.zoo.geometry import (
+from keras_attn.models.datasets.bundled import KerasAttnRtPolarity, KerasAttnUiStrings
+from keras_attn.models.datasets.loading import PAD_INDEX, PAD_VALUE, load, padding_values
+from keras_attn.models.geometry import (
     convex_hull_indices,
     hull_metrics,
     is_simple_polygon,

@@ -4,8 +4,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import zoo
-from keras_attn.zoo.recipes.common import Result, load_supervised, take
+from keras_attn import models
+from keras_attn.models import text
+from keras_attn.models.recipes.common import Result, load_supervised, take
 
 # ---------------------------------------------------------------------------
 # Text classification: imdb_reviews with a Transformer or a HAN
@@ -15,13 +16,21 @@ MAX_TOKENS, MAX_WORDS, MAX_SENTENCES, SENTENCE_WORDS = 20000, 256, 12, 32
 EPOCHS, TRAIN_EXAMPLES = 2, 25000  # unless `Settings` says otherwise
 
 
+MARKUP = "<br />"  # the line breaks of imdb_reviews' text
+
+
 def _clean(text):
-    return tf.strings.regex_replace(text, "<br />", " ")
+    return tf.strings.regex_replace(text, MARKUP, " ")
 
 
-def _sentences(text):
-    """A review as `(S,)` sentences: split after `.`, `!` or `?` followed by spaces."""
-    return tf.strings.split(tf.strings.regex_replace(_clean(text), r"([.!?])\s+", "\\1\n"), "\n")
+def _class_names(name, settings):
+    """The dataset's label names (tfds' `ClassLabel`), or "0", "1" where it names none."""
+    import tensorflow_datasets as tfds
+
+    try:
+        return list(tfds.builder(name, data_dir=settings.data_dir).info.features["label"].names)
+    except Exception:  # a dataset without names, or whose builder cannot say
+        return ["0", "1"]
 
 
 def imdb_task(task_name, architecture):
@@ -34,32 +43,33 @@ def imdb_task(task_name, architecture):
         vectorizer = keras.layers.TextVectorization(
             MAX_TOKENS, output_sequence_length=SENTENCE_WORDS if hierarchical else MAX_WORDS
         )
-        vectorizer.adapt(train.map(lambda text, label: _clean(text)).batch(1024))
-
-        def features(text, label):
-            if not hierarchical:
-                return vectorizer(_clean(text)), label
-            ids = vectorizer(_sentences(text)[:MAX_SENTENCES])  # (S, W)
-            return tf.pad(ids, [[0, MAX_SENTENCES - tf.shape(ids)[0]], [0, 0]]), label
-
-        def batches(ds, shuffle=False):
-            ds = ds.shuffle(25000, seed=settings.seed) if shuffle else ds
-            return ds.map(features).batch(settings.batch_size)
+        vectorizer.adapt(train.map(lambda review, label: _clean(review)).batch(1024))
 
         keras.utils.set_random_seed(settings.seed)
         vocab_size = vectorizer.vocabulary_size()
         pooling = settings.pooling or "attention"
         if hierarchical:
-            build = lambda **kw: zoo.hierarchical_attention_network(  # noqa: E731
+            build = lambda **kw: models.hierarchical_attention_network(  # noqa: E731
                 vocab_size, 64, 32, 32, 2, MAX_SENTENCES, SENTENCE_WORDS, dropout=0.1,
                 pooling=pooling, **kw,
             )  # fmt: skip
         else:
-            build = lambda **kw: zoo.transformer_classifier(  # noqa: E731
+            build = lambda **kw: models.transformer_classifier(  # noqa: E731
                 vocab_size, MAX_WORDS, 2, num_layers=2, num_heads=4, d_model=64,
                 intermediate_dim=128, pooling=pooling, **kw,
             )  # fmt: skip
         model = build()
+        # Text in, label out: the vectorizer with the model; training reads its token ids.
+        text_model = text.TextClassifier(
+            model, vectorizer, _class_names(name, settings),
+            max_sentences=MAX_SENTENCES if hierarchical else None, markup=MARKUP,
+        )  # fmt: skip
+
+        def batches(ds, shuffle=False):
+            ds = ds.shuffle(25000, seed=settings.seed) if shuffle else ds
+            ds = ds.batch(settings.batch_size)
+            return ds.map(lambda texts, labels: (text_model.token_ids(texts), labels))
+
         model.compile(
             optimizer=keras.optimizers.Adam(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -75,7 +85,7 @@ def imdb_task(task_name, architecture):
         def plot(path):
             from keras_attn import plotting
 
-            ids = np.asarray(features(tf.constant(texts[0]), 0)[0])[None]
+            ids = np.asarray(text_model.token_ids(texts[:1]))
             words = np.array(vectorizer.get_vocabulary())
             if hierarchical:
                 attention_model = build(return_attention=True)
@@ -92,10 +102,9 @@ def imdb_task(task_name, architecture):
                 fig = _pooling_plot(model, ids, words, plotting)
             plotting.save_figure(fig, path)
 
-        def export(path):
-            model.export(path, verbose=False)
-
-        return Result(name, model, {"accuracy": float(accuracy)}, export, plot)
+        return Result(
+            name, model, {"accuracy": float(accuracy)}, text_model.export_text, plot, text_model
+        )
 
     run.__name__ = task_name
     run.options = {"pooling"}  # the `Settings` fields only this kind of task reads

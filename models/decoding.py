@@ -1,4 +1,4 @@
-"""Decoding for the zoo's autoregressive keras_attn.zoo.
+"""Decoding for the zoo's autoregressive models.
 
 **Seq2seq** (`greedy_decode`, `beam_search`, `sample_decode`, `export_seq2seq`):
 a model is decoded through its *decoding steps* object (`decoding_steps(model)`,
@@ -10,8 +10,8 @@ For `transformer_seq2seq` a step runs the decoder blocks on their KV caches
 `rnn_seq2seq` it is one RNN cell step and one attention over the source.
 
 The pointer networks' decoding (`pointer_decode`, `polygon_decode`,
-`predict_batch`) lives in `keras_attn.zoo.pointer_decoding`, and `export_seq2seq` in
-`keras_attn.zoo.seq2seq_export`; both are importable from here too. Decoding itself needs
+`predict_batch`) lives in `keras_attn.models.pointer_decoding`, and `export_seq2seq` in
+`keras_attn.models.seq2seq_export`; both are importable from here too. Decoding itself needs
 no TensorFlow (only the export does).
 """
 
@@ -22,10 +22,10 @@ import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
-from keras_attn.zoo.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
-from keras_attn.zoo.rnn_seq2seq import RNNDecodingSteps
-from keras_attn.zoo.sampling import check_sampling, greedy_tokens, sample_tokens
-from keras_attn.zoo.transformer_seq2seq import TransformerDecodingSteps
+from keras_attn.models.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
+from keras_attn.models.rnn_seq2seq import RNNDecodingSteps
+from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tokens
+from keras_attn.models.transformer_seq2seq import TransformerDecodingSteps
 
 # ---------------------------------------------------------------------------
 # Seq2seq
@@ -109,8 +109,8 @@ def decoding_steps(model: keras.Model) -> Any:
             return steps_class(model)
     raise ValueError(
         f"No decoding steps for model {model.name!r}: expected a model built by "
-        "keras_attn.zoo.transformer_seq2seq or keras_attn.zoo.rnn_seq2seq, or one whose class was "
-        "added with keras_attn.zoo.decoding.register_decoding_steps."
+        "keras_attn.models.transformer_seq2seq or keras_attn.models.rnn_seq2seq, or one whose "
+        "class was added with keras_attn.models.decoding.register_decoding_steps."
     )
 
 
@@ -152,7 +152,7 @@ def greedy_decode(
 
     Example:
 
-    >>> from keras_attn.zoo import transformer_seq2seq
+    >>> from keras_attn.models import transformer_seq2seq
     >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
     >>> print(greedy_decode(model, np.ones((2, 7), "int32"), max_length=4, start_id=1).shape)
     (2, 4)
@@ -181,7 +181,7 @@ def sample_decode(
     """Sampled decoding: `y_t ~ softmax(logits_t / temperature)`, truncated to top-k / top-p.
 
     The same cached steps as `greedy_decode`; each step draws its token with
-    `keras_attn.zoo.sampling.sample_tokens` (temperature, then the `top_k` most likely
+    `keras_attn.models.sampling.sample_tokens` (temperature, then the `top_k` most likely
     tokens, then the top-p nucleus: the smallest most-likely-first set with
     mass >= `top_p`). `top_k=1`, or a temperature going to 0, gives the greedy
     tokens. The uniform draws, one per step and example, come from
@@ -203,7 +203,7 @@ def sample_decode(
 
     Example:
 
-    >>> from keras_attn.zoo import transformer_seq2seq
+    >>> from keras_attn.models import transformer_seq2seq
     >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
     >>> source = np.ones((2, 7), "int32")
     >>> a = sample_decode(model, source, 5, start_id=1, top_k=10, top_p=0.9, seed=7)
@@ -296,7 +296,7 @@ def beam_search(
 
     Example:
 
-    >>> from keras_attn.zoo import transformer_seq2seq
+    >>> from keras_attn.models import transformer_seq2seq
     >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
     >>> tokens, scores = beam_search(model, np.ones((2, 7), "int32"), 4, start_id=1, end_id=2)
     >>> print(tokens.shape, scores.shape)
@@ -351,10 +351,10 @@ def beam_search(
 
 
 def __getattr__(name):
-    # `export_seq2seq` lives in `keras_attn.zoo.seq2seq_export` (which imports this
+    # `export_seq2seq` lives in `keras_attn.models.seq2seq_export` (which imports this
     # module, and TensorFlow when it runs); importable from here too.
     if name == "export_seq2seq":
-        from keras_attn.zoo.seq2seq_export import export_seq2seq
+        from keras_attn.models.seq2seq_export import export_seq2seq
 
         return export_seq2seq
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

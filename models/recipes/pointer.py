@@ -1,6 +1,6 @@
 """Pointer-network recipes: sorting and planar convex hull on the local builders.
 
-Both train `keras_attn.zoo.pointer_network(encoder="transformer")` (a set encoder:
+Both train `keras_attn.models.pointer_network(encoder="transformer")` (a set encoder:
 no positions, so the order the points come in does not matter) on the
 project's tfds builders. `Settings.n` picks the training size, `"50"` or a
 range `"5-50"` (the builder config `n50` or `n5-50`; mixed sizes are padded
@@ -24,11 +24,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from keras_attn import zoo
-from keras_attn.zoo.datasets import loading
-from keras_attn.zoo.geometry import hull_report, open_polygon, rotate_to_lowest_index
-from keras_attn.zoo.pointer_search import polygon_beam_search, sort_decode
-from keras_attn.zoo.recipes.common import (
+from keras_attn import models
+from keras_attn.models.datasets import loading
+from keras_attn.models.geometry import hull_report, open_polygon, rotate_to_lowest_index
+from keras_attn.models.pointer_search import polygon_beam_search, sort_decode
+from keras_attn.models.recipes.common import (
     EpochProgress,
     Result,
     adam_warmup_cosine,
@@ -108,7 +108,7 @@ def pointer_task(task_name, default_dataset):
 
 def build_model(hull):
     """The recipe's model: a Transformer set encoder; hulls revisit their first point."""
-    return zoo.pointer_network(
+    return models.pointer_network(
         input_dim=2 if hull else 1, units=UNITS, encoder="transformer",
         mask_chosen=not hull, pad_value=loading.PAD_VALUE,
     )  # fmt: skip
@@ -283,7 +283,7 @@ def evaluate_backup(task_name, settings):
     `latest.weights.h5`), and evaluates like the recipe does, at the training size and
     every `settings.eval_n`. Returns `(metrics, steps trained)`.
     """
-    from keras_attn.zoo.recipes import TASKS  # the task's default dataset
+    from keras_attn.models.recipes import TASKS  # the task's default dataset
 
     default = TASKS[task_name][1].default_dataset
     name = settings.dataset or sized_dataset(default, settings.n)

@@ -3,8 +3,8 @@
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from keras_attn.zoo.datasets.builders import _SyntheticBuilder
-from keras_attn.zoo.datasets.bundled import LocalBuilder
+from keras_attn.models.datasets.builders import _SyntheticBuilder
+from keras_attn.models.datasets.bundled import LocalBuilder
 
 PAD_VALUE = -1.0  # pads float inputs: outside [0, 1), so `keras.layers.Masking(PAD_VALUE)` works
 PAD_INDEX = -1  # pads integer (pointer) targets: never a valid index
@@ -75,8 +75,8 @@ def load(name, split="train", data_dir=None, *, batch_size=None, shuffle_files=F
     Example:
 
     ```python
-    import keras_attn.zoo.datasets
-    ds = keras_attn.zoo.datasets.load("keras_attn_sorting/tiny", "test", "/tmp/tfds", batch_size=16)
+    from keras_attn.models import datasets
+    ds = datasets.load("keras_attn_sorting/tiny", "test", "/tmp/tfds", batch_size=16)
     inputs, targets = next(iter(ds))  # (16, 5, 1) float32, (16, 5) int32
     ```
     """

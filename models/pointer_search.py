@@ -1,16 +1,16 @@
 """Search for pointer networks: beam search over convex polygons, and sorting.
 
 `polygon_beam_search` keeps the `beam_width` most probable partial polygons
-instead of the single greedy one (`keras_attn.zoo.decoding.polygon_decode`), and with
+instead of the single greedy one (`keras_attn.models.decoding.polygon_decode`), and with
 `convex=True` it only ever extends a polygon so that it stays convex and
 counter-clockwise, the shape of every target. The constraint looks at the
 chosen vertices and the candidate only, never at the other input points: it
 does not test that the polygon contains them, so it does not compute the hull
-for the model. As `keras_attn.zoo.decoding`'s greedy decoders, it feeds step `t` the
-first `t + 1` pointers only (output row `t` of a `keras_attn.zoo.pointer_network`
+for the model. As `keras_attn.models.decoding`'s greedy decoders, it feeds step `t` the
+first `t + 1` pointers only (output row `t` of a `keras_attn.models.pointer_network`
 depends on the pointers before it only): O(t) decoder work per step.
 
-`sort_decode` is `keras_attn.zoo.decoding.pointer_decode` (constrained greedy) for `N`
+`sort_decode` is `keras_attn.models.decoding.pointer_decode` (constrained greedy) for `N`
 steps.
 """
 
@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from keras_attn._typing import TensorLike
-from keras_attn.zoo.decoding import pointer_decode, polygon_decode, predict_batch
+from keras_attn.models.decoding import pointer_decode, polygon_decode, predict_batch
 
 
 def _turn(o, a, b):
@@ -31,7 +31,7 @@ def _turn(o, a, b):
 def sort_decode(model: keras.Model, points: TensorLike) -> np.ndarray:
     """Constrained greedy decoding of a permutation: `C_t = argmax_{j not in C_<t} p(j)`.
 
-    `keras_attn.zoo.decoding.pointer_decode(model, points)`, for `N` steps: O(N^2)
+    `keras_attn.models.decoding.pointer_decode(model, points)`, for `N` steps: O(N^2)
     decoder steps in all. Padding points (probability 0) come after every
     real point.
 
@@ -128,7 +128,7 @@ def polygon_beam_search(
 
     Example:
 
-    >>> from keras_attn.zoo import pointer_network
+    >>> from keras_attn.models import pointer_network
     >>> model = pointer_network(input_dim=2, units=8, mask_chosen=False)
     >>> polygons, scores = polygon_beam_search(model, np.random.uniform(size=(2, 6, 2)))
     >>> print(len(polygons), scores.shape)

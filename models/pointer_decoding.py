@@ -1,18 +1,18 @@
-"""Greedy decoding for the pointer networks (`keras_attn.zoo.pointer_network`).
+"""Greedy decoding for the pointer networks (`keras_attn.models.pointer_network`).
 
 `pointer_decode` and `polygon_decode` are constrained greedy decoding that runs
 the functional model once per step on the pointers decoded so far. Output row
-`t` of a `keras_attn.zoo.pointer_network` depends on the pointers before it only, so
+`t` of a `keras_attn.models.pointer_network` depends on the pointers before it only, so
 step `t` feeds the first `t + 1` pointers: the decoder costs O(t) per step,
-O(N^2) in all. (`keras_attn.zoo.pointer_search` has beam search over convex polygons.)
-Also importable from `keras_attn.zoo.decoding`.
+O(N^2) in all. (`keras_attn.models.pointer_search` has beam search over convex polygons.)
+Also importable from `keras_attn.models.decoding`.
 """
 
 import keras
 import numpy as np
 
 from keras_attn._typing import TensorLike
-from keras_attn.zoo.geometry import open_polygon
+from keras_attn.models.geometry import open_polygon
 
 # ---------------------------------------------------------------------------
 # Shared helpers
@@ -44,7 +44,7 @@ def pointer_decode(
 
         C_t = argmax_{j not in C_<t} p(C_t = j | C_<t, x)
 
-    At step `t` the model (a `keras_attn.zoo.pointer_network`) gets the pointers
+    At step `t` the model (a `keras_attn.models.pointer_network`) gets the pointers
     decoded so far, `-1` (padding) for the steps not yet decoded, and row `t`
     of its output is read. With `constrained=True` the positions already
     chosen are excluded whatever the model says, so for `steps == N` the
@@ -66,7 +66,7 @@ def pointer_decode(
 
     Example:
 
-    >>> from keras_attn.zoo import pointer_network
+    >>> from keras_attn.models import pointer_network
     >>> model = pointer_network(input_dim=1, units=8)
     >>> order = pointer_decode(model, np.random.uniform(size=(2, 4, 1)))
     >>> print(order.shape, sorted(order[0].tolist()))
@@ -114,7 +114,7 @@ def polygon_decode(model: keras.Model, points: TensorLike) -> list[np.ndarray]:
 
     Example:
 
-    >>> from keras_attn.zoo import pointer_network
+    >>> from keras_attn.models import pointer_network
     >>> model = pointer_network(input_dim=2, units=8, mask_chosen=False)
     >>> hulls = polygon_decode(model, np.random.uniform(size=(2, 6, 2)))
     >>> print(len(hulls), all(len(set(h.tolist())) == len(h) for h in hulls))

@@ -135,7 +135,7 @@ class RNNDecodingSteps:
     advances the decoder cell from its state, attends over the encoder
     outputs with the new cell output as the query, and returns the logits,
     exactly as the teacher-forced model computes row `t`. Driven by
-    `keras_attn.zoo.decoding.greedy_decode` / `beam_search`.
+    `keras_attn.models.decoding.greedy_decode` / `beam_search`.
 
     Args:
         model: a model built by `rnn_seq2seq` (trained or reloaded).

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn.zoo.datasets import loading
+from keras_attn.models.datasets import loading
 
 START, END = "<s>", "</s>"
 
@@ -69,6 +69,9 @@ class Result:
     metrics: dict
     export: object  # callable(path): writes a SavedModel
     plot: object  # callable(path): writes a PNG of attention weights
+    # Text tasks: the model with its preprocessing (`keras_attn.models.text`), saved as
+    # TASK.keras instead of `model`; `export` writes its text SavedModel.
+    text_model: keras.Model | None = None
 
 
 # ---------------------------------------------------------------------------

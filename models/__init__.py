@@ -1,0 +1,66 @@
+"""The keras-attn model zoo, `keras_attn.models`: functional-API builders made from `keras_attn`
+layers, their decoding, text preprocessing and export, the tfds builders, the training recipes
+and the `keras-attn` command.
+
+    from keras_attn import models
+
+    model = models.transformer_classifier(vocab_size=20000, sequence_length=256, num_classes=2)
+
+Its source is the repository's top-level `models/` folder, installed as `keras_attn.models`
+(never as a top-level `models`, so a user's own `models` package is left alone). The layer
+library, `keras_attn`, never imports it.
+
+Each builder returns a plain `keras.Model` that trains with `model.fit`, saves
+as `.keras` (reloads with `safe_mode=True` after `import keras_attn.models`, which registers
+the zoo's glue layers) and exports as a SavedModel. `keras_attn.models.decoding` decodes the
+seq2seq models (greedy, beam search, sampling, an export that decodes inside the SavedModel)
+and the pointer network.
+
+The decoding functions load on first use; `keras_attn.models.datasets` (the tfds builders)
+and `keras_attn.models.recipes` (the CLI's training recipes) are imported explicitly.
+"""
+
+if __name__ != "keras_attn.models":  # e.g. `import models` from the repository root
+    raise ImportError(
+        "The model zoo is the package `keras_attn.models`: import it under that name "
+        f"(`from keras_attn import models`). Received: import {__name__}"
+    )
+
+import importlib
+
+from keras_attn.models import layers, text
+from keras_attn.models.han import hierarchical_attention_network
+from keras_attn.models.pointer_network import pointer_network
+from keras_attn.models.rnn_seq2seq import rnn_seq2seq
+from keras_attn.models.transformer_classifier import transformer_classifier
+from keras_attn.models.transformer_seq2seq import transformer_seq2seq
+
+# Decoding loads on first use (`export_seq2seq` imports TensorFlow only when it runs).
+_DECODING = ("beam_search", "export_seq2seq", "greedy_decode", "pointer_decode", "sample_decode")
+
+__all__ = [
+    "beam_search",
+    "decoding",
+    "export_seq2seq",
+    "greedy_decode",
+    "hierarchical_attention_network",
+    "layers",
+    "pointer_decode",
+    "pointer_network",
+    "rnn_seq2seq",
+    "sample_decode",
+    "text",
+    "transformer_classifier",
+    "transformer_seq2seq",
+]
+
+
+def __getattr__(name):
+    if name == "decoding" or name in _DECODING:
+        decoding = importlib.import_module("keras_attn.models.decoding")
+        return decoding if name == "decoding" else getattr(decoding, name)
+    raise AttributeError(f"module 'keras_attn.models' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

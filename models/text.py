@@ -1,0 +1,480 @@
+"""Text in, text out: a zoo model together with its preprocessing.
+
+A trained text task is its token model plus the vocabularies that turn text into token ids
+and back. `TextSeq2Seq` and `TextClassifier` hold both: the token model and Keras
+`StringLookup` / `TextVectorization` layers, whose vocabularies are saved with the `.keras`
+file (as its assets). `export_text` writes a SavedModel whose `serving_default` takes
+`text` (tf.string `(None,)`) and reads its vocabularies from the SavedModel's `assets/`:
+callable with TensorFlow alone.
+
+The text side is TensorFlow's string ops (whatever the Keras backend: the token model runs
+on the backend, the strings on TensorFlow).
+
+Bad text input, the same in Python and in the SavedModel:
+
+- an empty (or all-blank) string gives an empty output (seq2seq) or the model's answer
+  on no words (classifiers);
+- a word the vocabulary does not hold becomes the OOV token `[UNK]` (id 1);
+- an input longer than the model's length is truncated: its first `source_length`
+  words (seq2seq), the first `sequence_length` words of a review, the first
+  `max_sentences` sentences of `max_words` words (HAN);
+- anything but strings is refused with a `TypeError` naming `text`.
+"""
+
+import os
+import tempfile
+
+import keras
+import numpy as np
+
+from keras_attn.models.files import write_atomically
+
+_REGISTER = keras.saving.register_keras_serializable(package="keras_attn.models")
+
+PADDING, OOV = "", "[UNK]"  # ids 0 and 1, as `TextVectorization` numbers them
+
+
+def string_lookup(vocabulary, invert=False, name=None):
+    """A `StringLookup` with `vocabulary` (its first two entries the padding and OOV tokens).
+
+    The vocabulary is set, not passed to the constructor, so a `.keras` file keeps it as an
+    asset (`vocabulary.txt`) rather than in its config.
+    """
+    vocabulary = list(vocabulary)
+    if vocabulary[:2] != [PADDING, OOV]:
+        raise ValueError(
+            f"`vocabulary` must begin with the padding and OOV tokens {[PADDING, OOV]}. "
+            f"Received: vocabulary[:2]={vocabulary[:2]!r}"
+        )
+    lookup = keras.layers.StringLookup(mask_token=PADDING, oov_token=OOV, invert=invert, name=name)
+    lookup.set_vocabulary(vocabulary)
+    return lookup
+
+
+def _strings(text):
+    """`text` as a tf.string `(B,)` tensor; a `TypeError` naming `text` for anything else."""
+    import tensorflow as tf
+
+    if isinstance(text, str | bytes):
+        raise TypeError(
+            "`text` must be a batch of strings (a list, an array or a tf.string tensor of "
+            f"shape (B,)), not one string. Received: text={text!r}"
+        )
+    if tf.is_tensor(text):
+        tensor = text
+    else:
+        array = np.asarray(text)
+        strings = array.dtype.kind in "US" or (
+            array.dtype.kind == "O" and all(isinstance(t, str | bytes) for t in array.flat)
+        )
+        if not strings:
+            kinds = (
+                sorted({type(t).__name__ for t in array.flat}) if array.dtype.kind == "O" else []
+            )
+            raise TypeError(
+                f"`text` must be strings. Received: text with dtype={array.dtype}"
+                + (f" holding {', '.join(kinds)}" if kinds else "")
+            )
+        tensor = tf.constant(array.astype(object))
+    if tensor.dtype != tf.string:
+        raise TypeError(f"`text` must be strings. Received: text with dtype={tensor.dtype.name}")
+    if tensor.shape.rank != 1:
+        raise ValueError(
+            f"`text` must have shape (B,): one string per example. Received: shape={tensor.shape}"
+        )
+    return tensor
+
+
+def _vocabulary_file(directory, name, vocabulary):
+    """Writes the tokens after padding and OOV, one a line (the `StringLookup` file form)."""
+    path = os.path.join(directory, name)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(f"{token}\n" for token in vocabulary[2:]))
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Seq2seq
+# ---------------------------------------------------------------------------
+
+
+@_REGISTER
+class TextSeq2Seq(keras.Model):
+    """A seq2seq model with its vocabularies: text in, decoded text out (greedy).
+
+    Source text is split on whitespace, each word looked up in the source vocabulary
+    (unknown words: `[UNK]`) and cut to `source_length` words; the model decodes at most
+    `max_length` tokens greedily (`greedy_decode`, KV-cached); the target words up to the
+    end token are joined with spaces.
+
+    Args:
+        seq2seq: the token model (`transformer_seq2seq`, `rnn_seq2seq`, or one with
+            registered decoding steps).
+        source_lookup, target_lookup: `StringLookup` layers (`string_lookup`): word -> id.
+        source_length: the longest source kept, in words (longer ones are truncated).
+        max_length: the most target tokens decoded (the end token included).
+        start_token, end_token: the target vocabulary's start and end tokens.
+
+    Call arguments:
+        inputs: the token model's inputs; returns its logits (`model.fit` trains it).
+
+    Example:
+
+    >>> text_model = TextSeq2Seq(seq2seq, string_lookup(source_words),
+    ...                          string_lookup(target_words), 20, 21)  # doctest: +SKIP
+    >>> text_model.predict_text(["n a f h g"])  # doctest: +SKIP
+    ['g h f a n']
+    """
+
+    def __init__(
+        self,
+        seq2seq: keras.Model,
+        source_lookup: keras.layers.Layer,
+        target_lookup: keras.layers.Layer,
+        source_length: int,
+        max_length: int,
+        start_token: str = "<s>",
+        end_token: str = "</s>",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for name, value in (("source_length", source_length), ("max_length", max_length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer. Received: {value!r}")
+        self.seq2seq = seq2seq
+        self.source_lookup = source_lookup
+        self.target_lookup = target_lookup
+        self.source_length = source_length
+        self.max_length = max_length
+        self.start_token = start_token
+        self.end_token = end_token
+        vocabulary = target_lookup.get_vocabulary()
+        for name, token in (("start_token", start_token), ("end_token", end_token)):
+            # (A lookup deserialized from a `.keras` file gets its vocabulary after this.)
+            if len(vocabulary) > 2 and token not in vocabulary:
+                raise ValueError(
+                    f"`{name}` must be a token of the target vocabulary. Received: {token!r}"
+                )
+        self.built = True
+
+    @property
+    def input(self):
+        """The token model's inputs (what `call` takes)."""
+        return self.seq2seq.input
+
+    def call(self, inputs, training=None):
+        return self.seq2seq(inputs, training=training)
+
+    def source_ids(self, text, lookup=None):
+        """`text` `(B,)` -> source ids `(B, S)` int32, `1 <= S <= source_length` (TensorFlow)."""
+        import tensorflow as tf
+
+        words = tf.strings.split(_strings(text))[:, : self.source_length]  # (B, None) ragged
+        ids = tf.cast((lookup or self.source_lookup)(words), tf.int32).to_tensor(0)
+        return tf.pad(ids, [[0, 0], [0, 1 - tf.minimum(tf.shape(ids)[1], 1)]])  # S >= 1
+
+    def _ids_to_text(self, tokens, source_ids, vocabulary):
+        """Tokens `(B, T)` -> the words before the end token, joined with spaces (TensorFlow)."""
+        import tensorflow as tf
+
+        tokens = tf.cast(tokens, tf.int64)
+        end = tf.cast(tf.reshape(tf.where(tf.equal(vocabulary, self.end_token)), [-1])[0], tf.int64)
+        ended = tf.cumsum(tf.cast(tf.equal(tokens, end), tf.int32), axis=1) > 0
+        keep = tf.logical_and(tf.not_equal(tokens, 0), tf.logical_not(ended))
+        words = tf.ragged.boolean_mask(tf.gather(vocabulary, tokens), keep)
+        text = tf.strings.reduce_join(words, axis=1, separator=" ")
+        empty = tf.reduce_all(tf.equal(source_ids, 0), axis=1)  # "" in, "" out
+        return tf.where(empty, tf.constant(""), text)
+
+    def _ids(self):
+        vocabulary = self.target_lookup.get_vocabulary()
+        return vocabulary.index(self.start_token), vocabulary.index(self.end_token)
+
+    def predict_text(self, text) -> list:
+        """Decodes a batch of strings: one output string per input string.
+
+        Args:
+            text: strings `(B,)`: a list, a NumPy array or a tf.string tensor.
+
+        Returns:
+            A list of `B` Python strings.
+        """
+        import tensorflow as tf
+
+        from keras_attn.models.decoding import greedy_decode
+
+        source = self.source_ids(text)
+        start_id, end_id = self._ids()
+        tokens = greedy_decode(self.seq2seq, np.asarray(source), self.max_length, start_id, end_id)
+        vocabulary = tf.constant(self.target_lookup.get_vocabulary())
+        out = self._ids_to_text(np.asarray(tokens), source, vocabulary)
+        return [t.decode("utf-8") for t in out.numpy()]
+
+    def export_text(self, path: str) -> None:
+        """A SavedModel of text in, text out, its vocabularies in `assets/`.
+
+        Signatures: `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`;
+        `greedy_decode`: source ids `encoder_inputs` `(B, S)` int64 -> tokens
+        `(B, max_length)` int32 (TFLite: builtin ops for a Transformer); `serve`: the
+        teacher-forced logits (as `export_seq2seq`).
+
+        Args:
+            path: the SavedModel directory, written atomically.
+        """
+        import tensorflow as tf
+
+        from keras_attn.models.seq2seq_export import seq2seq_archive
+
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "`export_text` writes its string signature from the tensorflow backend "
+                f"(`export_seq2seq` exports the token model from jax). Received: backend="
+                f"{keras.backend.backend()!r}"
+            )
+        start_id, end_id = self._ids()
+        archive, decoder = seq2seq_archive(self.seq2seq, self.max_length, start_id, end_id)
+        with tempfile.TemporaryDirectory() as scratch:
+            source_vocabulary = self.source_lookup.get_vocabulary()
+            target_vocabulary = self.target_lookup.get_vocabulary()
+            source_file = _vocabulary_file(scratch, "source_vocabulary.txt", source_vocabulary)
+            target_file = _vocabulary_file(scratch, "target_vocabulary.txt", target_vocabulary)
+            # Tables read from files: the SavedModel copies the files into its assets/.
+            source_lookup = keras.layers.StringLookup(
+                vocabulary=source_file, mask_token=PADDING, oov_token=OOV
+            )
+            target_words = keras.layers.StringLookup(
+                vocabulary=target_file, mask_token=PADDING, oov_token=OOV, invert=True
+            )
+            for layer in (source_lookup, target_words):
+                layer.build(None)
+                archive.track(layer)
+            all_ids = tf.range(len(target_vocabulary), dtype=tf.int64)
+
+            @tf.function(input_signature=[tf.TensorSpec((None,), tf.string, name="text")])
+            def serving_default(text):
+                source = self.source_ids(text, source_lookup)
+                tokens = decoder(tf.cast(source, tf.int64))
+                vocabulary = target_words(all_ids)  # (V,) the words, from the asset
+                return {"text": self._ids_to_text(tokens, source, vocabulary)}
+
+            archive.add_endpoint("serving_default", serving_default)
+            write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "seq2seq": keras.saving.serialize_keras_object(self.seq2seq),
+                "source_lookup": keras.saving.serialize_keras_object(self.source_lookup),
+                "target_lookup": keras.saving.serialize_keras_object(self.target_lookup),
+                "source_length": self.source_length,
+                "max_length": self.max_length,
+                "start_token": self.start_token,
+                "end_token": self.end_token,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("seq2seq", "source_lookup", "target_lookup"):
+            config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
+
+
+# ---------------------------------------------------------------------------
+# Classifiers
+# ---------------------------------------------------------------------------
+
+
+@_REGISTER
+class TextClassifier(keras.Model):
+    """A text classifier with its vectorizer: text in, a class name and probabilities out.
+
+    A review is cleaned (`markup` replaced by a space), then vectorized by `vectorizer` (a
+    `TextVectorization` with `output_sequence_length`: its first words, padded). With
+    `max_sentences` (a hierarchical model, documents `(B, S, W)`), the text is first split
+    into sentences after `.`, `!` or `?` and the first `max_sentences` kept, each vectorized.
+
+    Args:
+        classifier: the token model: ids `(B, T)` (or `(B, S, W)`) -> logits `(B, C)`.
+        vectorizer: an adapted `keras.layers.TextVectorization` with an
+            `output_sequence_length`.
+        class_names: the `C` class names, in the order of the logits.
+        max_sentences: None, or the sentences per document of a hierarchical model.
+        markup: a regular expression replaced by a space before vectorizing (None: none).
+
+    Call arguments:
+        inputs: the token model's inputs; returns its logits.
+
+    Example:
+
+    >>> text_model = TextClassifier(model, vectorizer, ["neg", "pos"])  # doctest: +SKIP
+    >>> labels, probabilities = text_model.classify(["A fine film."])  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        classifier: keras.Model,
+        vectorizer: keras.layers.Layer,
+        class_names: list,
+        max_sentences: int | None = None,
+        markup: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not class_names or not all(isinstance(c, str) for c in class_names):
+            raise ValueError(f"`class_names` must be strings. Received: {class_names!r}")
+        if max_sentences is not None and (not isinstance(max_sentences, int) or max_sentences < 1):
+            raise ValueError(
+                f"`max_sentences` must be None or a positive integer. Received: {max_sentences!r}"
+            )
+        self.classifier = classifier
+        self.vectorizer = vectorizer
+        self.class_names = list(class_names)
+        self.max_sentences = max_sentences
+        self.markup = markup
+        self.built = True
+
+    @property
+    def input(self):
+        """The token model's inputs (what `call` takes)."""
+        return self.classifier.input
+
+    def call(self, inputs, training=None):
+        return self.classifier(inputs, training=training)
+
+    def token_ids(self, text, vectorizer=None):
+        """`text` `(B,)` -> the classifier's ids `(B, T)` or `(B, S, W)` (TensorFlow)."""
+        import tensorflow as tf
+
+        vectorizer = vectorizer or self.vectorizer
+        text = _strings(text)
+        if self.markup:
+            text = tf.strings.regex_replace(text, self.markup, " ")
+        if self.max_sentences is None:
+            return vectorizer(text)
+        marked = tf.strings.regex_replace(text, r"([.!?])\s+", "\\1\n")
+        sentences = tf.strings.split(marked, "\n")[:, : self.max_sentences]  # (B, None) ragged
+        ids = sentences.with_flat_values(vectorizer(sentences.flat_values))  # (B, None, W)
+        words = vectorizer.get_config()["output_sequence_length"]
+        return ids.to_tensor(0, shape=[None, self.max_sentences, words])
+
+    def _outputs(self, logits):
+        import tensorflow as tf
+
+        probabilities = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
+        label = tf.gather(tf.constant(self.class_names), tf.argmax(probabilities, axis=-1))
+        return {"label": label, "probabilities": probabilities}
+
+    def classify(self, text):
+        """`(labels, probabilities)`: a list of `B` class names and a `(B, C)` float32 array."""
+        logits = self.classifier(np.asarray(self.token_ids(text)), training=False)
+        outputs = self._outputs(np.asarray(keras.ops.convert_to_numpy(logits)))
+        labels = [t.decode("utf-8") for t in outputs["label"].numpy()]
+        return labels, outputs["probabilities"].numpy()
+
+    def predict_text(self, text) -> list:
+        """The class name of each string of `text` (see `classify`)."""
+        return self.classify(text)[0]
+
+    def export_text(self, path: str) -> None:
+        """A SavedModel: `serving_default` `text` tf.string `(None,)` -> `label` tf.string
+        `(None,)` and `probabilities` float32 `(None, C)`; `serve`: the token model (ids ->
+        logits). The vocabulary is in `assets/`.
+
+        Args:
+            path: the SavedModel directory, written atomically.
+        """
+        import tensorflow as tf
+
+        if keras.backend.backend() != "tensorflow":
+            raise ValueError(
+                "`export_text` writes its string signature from the tensorflow backend. "
+                f"Received: backend={keras.backend.backend()!r}"
+            )
+        archive = keras.export.ExportArchive()
+        archive.track(self.classifier)
+        ids_shape = (None,) + tuple(self.classifier.input.shape[1:])
+        archive.add_endpoint(
+            "serve",
+            lambda ids: self.classifier(ids, training=False),
+            input_signature=[tf.TensorSpec(ids_shape, tf.int64, name="inputs")],
+        )
+        with tempfile.TemporaryDirectory() as scratch:
+            config = self.vectorizer.get_config()
+            vocabulary = self.vectorizer.get_vocabulary()
+            config["vocabulary"] = _vocabulary_file(scratch, "vocabulary.txt", vocabulary)
+            config.pop("vocabulary_size", None)
+            vectorizer = keras.layers.TextVectorization.from_config(config)
+            vectorizer.build(None)
+            archive.track(vectorizer)
+
+            @tf.function(input_signature=[tf.TensorSpec((None,), tf.string, name="text")])
+            def serving_default(text):
+                logits = self.classifier(self.token_ids(text, vectorizer), training=False)
+                return self._outputs(logits)
+
+            archive.add_endpoint("serving_default", serving_default)
+            write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "classifier": keras.saving.serialize_keras_object(self.classifier),
+                "vectorizer": keras.saving.serialize_keras_object(self.vectorizer),
+                "class_names": self.class_names,
+                "max_sentences": self.max_sentences,
+                "markup": self.markup,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("classifier", "vectorizer"):
+            config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
+
+
+# ---------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------
+
+RUNS = "keras_attn_runs"
+
+
+def load_run(task: str, runs_dir: str = RUNS) -> keras.Model:
+    """The text model of `task`'s last run in `runs_dir` (what `keras-attn train` wrote).
+
+    Args:
+        task: a text task of `keras-attn list` (seq2seq or classifier).
+        runs_dir: the run directory (`keras-attn train --output`).
+
+    Returns:
+        A `TextSeq2Seq` or `TextClassifier`: `predict_text(["..."])` gives one string per
+        input; `export_text(path)` the SavedModel.
+
+    Example:
+
+    >>> from keras_attn.models import text
+    >>> model = text.load_run("transformer-reverse")  # doctest: +SKIP
+    >>> model.predict_text(["n a f h g"])  # doctest: +SKIP
+    ['g h f a n']
+    """
+    path = os.path.join(runs_dir, f"{task}.keras")
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"No run of {task!r} in {runs_dir!r} (no {path}): train it first with "
+            f"`keras-attn train {task} --output {runs_dir}`."
+        )
+    model = keras.saving.load_model(path, safe_mode=True)
+    if not isinstance(model, TextSeq2Seq | TextClassifier):
+        raise ValueError(
+            f"The run of {task!r} holds no text model (a {type(model).__name__}): `predict` "
+            f"takes the text tasks (seq2seq and classifiers). Received: task={task!r}"
+        )
+    return model

@@ -1,0 +1,237 @@
+"""Text in, text out (`keras_attn.models.text`): the zoo's models with their vocabularies.
+
+Each check compares with an independent reference: the words looked up in a Python dict,
+decoded by `greedy_decode` on those ids, and joined back by hand (seq2seq); NumPy's softmax
+of the token model's logits (classifiers). The SavedModels are loaded in a process where
+`keras` and `keras_attn` cannot be imported: TensorFlow alone.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import models
+from keras_attn.models import cli, text
+
+pytestmark = pytest.mark.tensorflow_only
+
+SOURCE = ["", "[UNK]"] + list("abcdefgh")
+TARGET = ["", "[UNK]", "<s>", "</s>"] + list("abcdefgh")
+TEXTS = ["a b c", "h g", "", "   ", "a zz b", "a b c d e f g h a b"]  # blank, OOV, too long
+
+
+@pytest.fixture(scope="module")
+def seq2seq_model():
+    keras.utils.set_random_seed(1)
+    model = models.transformer_seq2seq(
+        len(SOURCE), len(TARGET), num_layers=1, num_heads=2, d_model=16, intermediate_dim=32
+    )
+    return text.TextSeq2Seq(model, text.string_lookup(SOURCE), text.string_lookup(TARGET), 6, 7)
+
+
+def reference_decode(text_model, texts):
+    """The text path by hand: dict lookup, first 6 words, greedy ids, words before </s>."""
+    index = {word: i for i, word in enumerate(SOURCE)}
+    rows = [[index.get(w, 1) for w in t.split()][:6] for t in texts]
+    ids = np.zeros((len(rows), max(1, max(map(len, rows)))), "int32")
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+    tokens = np.asarray(models.greedy_decode(text_model.seq2seq, ids, 7, 2, 3))
+    outputs = []
+    for row, source in zip(tokens, rows, strict=True):
+        words = []
+        for token in row:
+            if token == 3:
+                break
+            if token:
+                words.append(TARGET[token])
+        outputs.append(" ".join(words) if source else "")
+    return outputs
+
+
+def test_seq2seq_text_path_equals_the_reference(seq2seq_model):
+    outputs = seq2seq_model.predict_text(TEXTS)
+    assert outputs == reference_decode(seq2seq_model, TEXTS)
+    assert outputs[2] == outputs[3] == ""  # empty and blank inputs: empty outputs
+    assert any(outputs)  # (an untrained model still emits words)
+
+
+def test_bad_text_inputs(seq2seq_model):
+    ids = np.asarray(seq2seq_model.source_ids(["a zz b", "a b c d e f g h a b", ""]))
+    assert ids.shape == (3, 6)  # truncated to source_length = 6
+    np.testing.assert_array_equal(ids[0, :3], [2, 1, 3])  # zz: the OOV id
+    np.testing.assert_array_equal(ids[1], [2, 3, 4, 5, 6, 7])  # the first 6 words
+    np.testing.assert_array_equal(ids[2], 0)
+    assert np.asarray(seq2seq_model.source_ids([""])).shape == (1, 1)  # never a 0-length source
+    with pytest.raises(TypeError, match="`text` must be strings. Received: text with dtype=int"):
+        seq2seq_model.predict_text(np.array([1, 2]))
+    with pytest.raises(TypeError, match="`text` must be strings.*dtype=int32"):
+        seq2seq_model.predict_text(tf.constant([1, 2]))
+    with pytest.raises(TypeError, match="`text` must be a batch of strings"):
+        seq2seq_model.predict_text("a b")
+    with pytest.raises(ValueError, match="`text` must have shape"):
+        seq2seq_model.predict_text([["a b"]])
+
+
+def test_seq2seq_keras_file_holds_the_vocabularies(seq2seq_model, tmp_path):
+    path = tmp_path / "m.keras"
+    seq2seq_model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        vocabularies = [n for n in archive.namelist() if n.endswith("vocabulary.txt")]
+        contents = sorted(archive.read(n).decode().split("\n") for n in vocabularies)
+    assert len(vocabularies) == 2 and contents == sorted([SOURCE, TARGET])
+    reloaded = keras.saving.load_model(path, safe_mode=True)
+    assert isinstance(reloaded, text.TextSeq2Seq)
+    assert reloaded.predict_text(TEXTS) == seq2seq_model.predict_text(TEXTS)
+
+
+# TensorFlow alone: `keras` and `keras_attn` not found, as where they are not installed (every
+# finder wrapped, as tests/no_tensorflow_check.py does); prints the signatures' outputs.
+TF_ALONE = """
+import json, sys
+
+class Hide:
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("keras", "keras_attn"):
+            return None
+        find_spec = getattr(self.finder, "find_spec", None)
+        return None if find_spec is None else find_spec(name, path, target)
+
+    def __getattr__(self, name):
+        return getattr(self.finder, name)
+
+sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
+import tensorflow as tf
+
+loaded = tf.saved_model.load(sys.argv[1])
+texts = tf.constant(json.loads(sys.argv[2]))
+out = loaded.signatures["serving_default"](text=texts)
+result = {k: v.numpy().tolist() for k, v in out.items()}
+result = {k: [x.decode() if isinstance(x, bytes) else x for x in v] for k, v in result.items()}
+try:
+    loaded.serving_default(tf.constant([1, 2]))
+except TypeError as error:
+    result["error"] = str(error)
+print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("keras")), **result}))
+"""
+
+
+def tensorflow_alone(path, texts):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("PYTHONPATH", None)
+    completed = subprocess.run(
+        [sys.executable, "-c", TF_ALONE, str(path), json.dumps(texts)],
+        cwd=path.parent, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result.pop("modules") == []
+    assert "name='text'" in result.pop("error")  # a number tensor: refused, naming `text`
+    return result
+
+
+def test_seq2seq_savedmodel_takes_text_with_tensorflow_alone(seq2seq_model, tmp_path):
+    path = tmp_path / "savedmodel"
+    seq2seq_model.export_text(str(path))
+    assert sorted(os.listdir(path / "assets")) == ["source_vocabulary.txt", "target_vocabulary.txt"]
+    served = tensorflow_alone(path, TEXTS)
+    assert served == {"text": seq2seq_model.predict_text(TEXTS)}
+    loaded = tf.saved_model.load(str(path))  # the token signatures stay
+    source = np.asarray(seq2seq_model.source_ids(TEXTS[:2]))
+    np.testing.assert_array_equal(
+        loaded.greedy_decode(tf.constant(source, tf.int64)),
+        models.greedy_decode(seq2seq_model.seq2seq, source, 7, 2, 3),
+    )
+
+
+REVIEWS = [
+    "A fine film. I liked it!<br />Great acting",
+    "Terrible. Boring plot? Yes",
+    "",
+    "unseenword " * 40,
+]
+
+
+@pytest.fixture(scope="module", params=["transformer", "han"])
+def classifier_model(request):
+    keras.utils.set_random_seed(2)
+    han = request.param == "han"
+    vectorizer = keras.layers.TextVectorization(50, output_sequence_length=4 if han else 12)
+    vectorizer.adapt(["a fine film i liked it great acting", "terrible boring plot yes"])
+    size = vectorizer.vocabulary_size()
+    if han:
+        model = models.hierarchical_attention_network(size, 8, 4, 4, 2, 3, 4)
+    else:
+        model = models.transformer_classifier(
+            size, 12, 2, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16
+        )
+    return text.TextClassifier(
+        model, vectorizer, ["neg", "pos"], max_sentences=3 if han else None, markup="<br />"
+    )
+
+
+def test_classifier_text_path_equals_the_reference(classifier_model):
+    ids = np.asarray(classifier_model.token_ids(REVIEWS))
+    vocabulary = {w: i for i, w in enumerate(classifier_model.vectorizer.get_vocabulary())}
+
+    def vectorize(sentence, length):
+        words = "".join(c for c in sentence.lower() if c.isalnum() or c.isspace()).split()
+        return ([vocabulary.get(w, 1) for w in words] + [0] * length)[:length]
+
+    if classifier_model.max_sentences:  # documents (B, 3 sentences, 4 words)
+        assert ids.shape == (4, 3, 4)
+        assert ids[0].tolist() == [vectorize(s, 4) for s in ("A fine film.", "I liked it!",
+                                                             "Great acting")]  # fmt: skip
+        np.testing.assert_array_equal(ids[2], 0)
+    else:
+        assert ids.shape == (4, 12)
+        assert ids[0].tolist() == vectorize("A fine film. I liked it! Great acting", 12)
+        assert ids[3].tolist() == [1] * 12  # unknown words: OOV; too long: truncated
+    labels, probabilities = classifier_model.classify(REVIEWS)
+    logits = np.asarray(classifier_model.classifier(ids)).astype("float64")
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(probabilities, expected, atol=1e-6)
+    assert labels == [["neg", "pos"][i] for i in expected.argmax(-1)]
+    assert classifier_model.predict_text(REVIEWS) == labels
+
+
+def test_classifier_keras_file_and_savedmodel(classifier_model, tmp_path):
+    classifier_model.save(tmp_path / "m.keras")
+    reloaded = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    labels, probabilities = classifier_model.classify(REVIEWS)
+    again = reloaded.classify(REVIEWS)
+    assert again[0] == labels
+    np.testing.assert_allclose(again[1], probabilities, atol=1e-6)
+    reloaded.export_text(str(tmp_path / "savedmodel"))
+    assert os.listdir(tmp_path / "savedmodel" / "assets") == ["vocabulary.txt"]
+    served = tensorflow_alone(tmp_path / "savedmodel", REVIEWS)
+    assert served["label"] == labels
+    np.testing.assert_allclose(served["probabilities"], probabilities, atol=1e-5)
+
+
+def test_predict_command_and_load_run(seq2seq_model, tmp_path, capsys, monkeypatch):
+    seq2seq_model.save(tmp_path / "transformer-reverse.keras")
+    expected = seq2seq_model.predict_text(TEXTS[:2])
+    assert text.load_run("transformer-reverse", str(tmp_path)).predict_text(TEXTS[:2]) == expected
+    runs = ["--runs-dir", str(tmp_path)]
+    assert cli.main(["predict", "transformer-reverse", *TEXTS[:2], *runs]) == 0
+    assert capsys.readouterr().out.split("\n") == [*expected, ""]
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO("a b c\nh g\n"))
+    assert cli.main(["predict", "transformer-reverse", *runs]) == 0
+    assert capsys.readouterr().out.split("\n") == [*expected, ""]
+    assert cli.main(["predict", "imdb-han", *runs]) == 1
+    assert "No run of 'imdb-han'" in capsys.readouterr().err
+    models.transformer_classifier(10, 4, 2, num_layers=1, d_model=8).save(tmp_path / "x.keras")
+    assert cli.main(["predict", "x", *runs]) == 1
+    assert "holds no text model" in capsys.readouterr().err
