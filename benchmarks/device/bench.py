@@ -30,7 +30,7 @@ FULL_TESTS = (
     "tests/layers/test_multi_head_attention.py",
     "tests/kernels/test_fast_paths.py",
     "tests/kernels/test_chunked_attention.py",
-    "tests/kernels/test_backend_kernel.py",  # the backend's fused kernel, where that branch has landed
+    "tests/kernels/test_backend_kernel.py",  # the backend's fused kernel
 )
 DRY_TESTS = (
     "tests/kernels/test_ops.py::test_hand_computed_case",
