@@ -39,6 +39,15 @@ VARIANTS = {
     "alibi_window": dict(position="alibi", sliding_window=3),
 }
 
+# Every variant on TensorFlow; on JAX and torch (eager steps compile per op and shape there:
+# slow) one variant per property, each property covered by another variant than on TF's first.
+ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
+
+
+def _variants(*elsewhere):
+    return sorted(VARIANTS) if ON_TENSORFLOW else list(elsewhere)
+
+
 PROMPTS = np.array([[5, 6, 7, 8, 9], [10, 3, 0, 0, 0], [4, 0, 0, 0, 0]], "int32")  # right-padded
 
 
@@ -83,7 +92,7 @@ def test_fits_and_reloads(tmp_path):
     check_model(model, tokens[:, :-1], tokens[:, 1:], tmp_path=tmp_path, loss=loss)
 
 
-@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"learned"}))
+@pytest.mark.parametrize("variant", [v for v in _variants("rotary_gqa") if v != "learned"])
 def test_variants_reload(variant, tmp_path):
     """`.keras` with `safe_mode=True`: the rotary, ALiBi, window, untied and post-norm models."""
     model = _lm(**VARIANTS[variant])
@@ -91,7 +100,7 @@ def test_variants_reload(variant, tmp_path):
     testing.assert_save_reload_equal(model, inputs, directory=str(tmp_path), formats=("keras",))
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", _variants("sinusoidal_post_norm_untied"))
 def test_logits_are_causal_and_padding_free(variant):
     """A row's logits do not depend on later tokens, nor on padding before or after it."""
     model = _lm(**VARIANTS[variant])
@@ -106,7 +115,7 @@ def test_logits_are_causal_and_padding_free(variant):
     np.testing.assert_allclose(out[2, :3], alone[:3], atol=1e-5)  # the future changed
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", _variants("alibi_window"))
 def test_cached_steps_equal_the_full_pass(variant):
     """Each cached step's logits equal the full pass's on the unpadded prompt and tokens so far."""
     from keras_attn.zoo.transformer_lm import LanguageModelSteps
@@ -126,7 +135,7 @@ def test_cached_steps_equal_the_full_pass(variant):
             tokens = forced[:, index]
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", _variants("rotary_gqa"))
 def test_greedy_generation_equals_the_full_pass(variant):
     from keras_attn.zoo import generate, greedy_decode
 
@@ -155,14 +164,14 @@ def test_sampling_equals_the_full_pass_with_the_same_draws():
 
     model = _lm(position="alibi")
     options = dict(temperature=0.8, top_k=8, top_p=0.9)
-    drawn = generate(model, PROMPTS, 5, sampler="sample", seed=3, jit_compile=False, **options)
-    uniform = _np(keras.random.uniform((5, len(PROMPTS)), seed=3))  # generate's draws
+    drawn = generate(model, PROMPTS, 4, sampler="sample", seed=3, jit_compile=False, **options)
+    uniform = _np(keras.random.uniform((4, len(PROMPTS)), seed=3))  # generate's draws
 
     def choose(logits, t):
         return _np(sample_tokens(logits, uniform[t], **options))
 
-    np.testing.assert_array_equal(drawn, _reference(model, PROMPTS, 5, choose))
-    again = generate(model, PROMPTS, 5, sampler="sample", seed=3, jit_compile=False, **options)
+    np.testing.assert_array_equal(drawn, _reference(model, PROMPTS, 4, choose))
+    again = generate(model, PROMPTS, 4, sampler="sample", seed=3, jit_compile=False, **options)
     np.testing.assert_array_equal(drawn, again)
 
 
@@ -187,6 +196,7 @@ def test_beam_and_end_id():
 
 def test_bad_input():
     from keras_attn.zoo import generate, greedy_decode, transformer_lm
+    from keras_attn.zoo.transformer_lm import check_prompts
 
     model = _lm()
     with pytest.raises(ValueError, match="`prompts` must hold at least one real token.*\\[1\\]"):
@@ -200,7 +210,7 @@ def test_bad_input():
     # Fed: the 4 prompt tokens and all but the last new one, at positions 0 .. 4 + max_length - 2.
     with pytest.raises(ValueError, match="sequence_length=24.*max_length=22"):
         generate(model, np.array([[5, 6, 7, 8]], "int32"), 22)
-    generate(model, np.array([[5, 6, 7, 8]], "int32"), 21, jit_compile=False)  # fits
+    check_prompts(np.array([[5, 6, 7, 8]], "int32"), VOCAB, 21, 24)  # fits
     # A `max_length` below the prompt's length is fine: it counts new tokens.
     assert generate(model, PROMPTS, 1, jit_compile=False).shape == (3, 1)
     with pytest.raises(ValueError, match="`max_length` must be a positive integer"):
