@@ -70,3 +70,16 @@ def test_bad_input(gpt2):
         from_gpt2_backbone(keras.Sequential())
     with pytest.raises(ValueError, match="max_sequence_length \\(20\\).*sequence_length=30"):
         from_gpt2_backbone(gpt2[0], sequence_length=30)
+
+
+@pytest.mark.slow
+def test_generation_benchmark_smoke(capsys):
+    """`python -m benchmarks.generation --smoke`: both libraries, the same tokens, speeds > 0."""
+    from benchmarks import generation
+
+    rows = generation.main(["--smoke", "--no-memory"])
+    assert [(r["batch"], r["window"]) for r in rows] == [(1, None), (8, None)]
+    for row in rows:
+        assert row["same_tokens"] is True
+        assert row["ours_tokens_per_s"] > 0 and row["hub_tokens_per_s"] > 0
+    assert "| greedy | 8 | 8 + 4 |" in capsys.readouterr().out
