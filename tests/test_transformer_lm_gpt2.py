@@ -48,6 +48,7 @@ def test_logits_equal_keras_hub(gpt2):
     np.testing.assert_allclose(_np(chunked(ids + 1))[..., 1:], expected, atol=1e-5)
 
 
+@pytest.mark.slow  # keras-hub compiles its generate (about 10 s)
 def test_greedy_generation_equals_keras_hub(gpt2):
     from keras_attn.zoo import generate
     from keras_attn.zoo.gpt2 import from_gpt2_backbone
