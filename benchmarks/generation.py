@@ -17,7 +17,8 @@ ratio ours / keras-hub in tokens per second (> 1: ours is faster), median
 
 Peak memory: each library's generation in a fresh subprocess
 (`--child`), compiled by a first call, then the kernel's RSS high-water
-mark reset (`/proc/self/clear_refs`) and one more call: the growth of the
+mark reset (`/proc/self/clear_refs`, after `malloc_trim` hands the memory the
+first call freed back to the kernel) and one more call: the growth of the
 peak RSS over the RSS before that call (working memory: activations, caches,
 scores; not the weights or the compiled program).
 
@@ -29,6 +30,7 @@ memory are compared.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -109,6 +111,9 @@ def _child(args):
     run_ours, run_hub = generators(ours, hub, args.batch, args.prompt, args.new)
     run = run_ours if args.child == "ours" else run_hub
     run()  # compile
+    # The allocator keeps what the first call freed: hand it back to the kernel, so that the
+    # second call's peak counts the memory it needs (else it reuses the pool: no growth).
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     before = _status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := the current RSS
