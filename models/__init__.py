@@ -13,8 +13,9 @@ library, `keras_attn`, never imports it.
 Each builder returns a plain `keras.Model` that trains with `model.fit`, saves
 as `.keras` (reloads with `safe_mode=True` after `import keras_attn.models`, which registers
 the zoo's glue layers) and exports as a SavedModel. `keras_attn.models.decoding` decodes the
-seq2seq models (greedy, beam search, sampling, an export that decodes inside the SavedModel)
-and the pointer network.
+seq2seq models (greedy, beam search, sampling, an export that decodes inside the SavedModel),
+the language model and the pointer network; `keras_attn.models.generate` continues a language
+model's prompts, compiled.
 
 The decoding functions load on first use; `keras_attn.models.datasets` (the tfds builders)
 and `keras_attn.models.recipes` (the CLI's training recipes) are imported explicitly.
@@ -33,6 +34,7 @@ from keras_attn.models.han import hierarchical_attention_network
 from keras_attn.models.pointer_network import pointer_network
 from keras_attn.models.rnn_seq2seq import rnn_seq2seq
 from keras_attn.models.transformer_classifier import transformer_classifier
+from keras_attn.models.transformer_lm import transformer_lm
 from keras_attn.models.transformer_seq2seq import transformer_seq2seq
 
 # Decoding loads on first use (`export_seq2seq` imports TensorFlow only when it runs).
@@ -42,6 +44,7 @@ __all__ = [
     "beam_search",
     "decoding",
     "export_seq2seq",
+    "generate",
     "greedy_decode",
     "hierarchical_attention_network",
     "layers",
@@ -51,11 +54,14 @@ __all__ = [
     "sample_decode",
     "text",
     "transformer_classifier",
+    "transformer_lm",
     "transformer_seq2seq",
 ]
 
 
 def __getattr__(name):
+    if name == "generate":  # a language model's continuation (`transformer_lm`)
+        return importlib.import_module("keras_attn.models.lm_generation").generate
     if name == "decoding" or name in _DECODING:
         decoding = importlib.import_module("keras_attn.models.decoding")
         return decoding if name == "decoding" else getattr(decoding, name)

@@ -25,13 +25,14 @@ from keras_attn._typing import TensorLike
 from keras_attn.models.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
 from keras_attn.models.rnn_seq2seq import RNNDecodingSteps
 from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tokens
+from keras_attn.models.transformer_lm import LanguageModelSteps
 from keras_attn.models.transformer_seq2seq import TransformerDecodingSteps
 
 # ---------------------------------------------------------------------------
 # Seq2seq
 # ---------------------------------------------------------------------------
 
-_STEPS = [TransformerDecodingSteps, RNNDecodingSteps]
+_STEPS = [TransformerDecodingSteps, RNNDecodingSteps, LanguageModelSteps]
 
 
 def register_decoding_steps(steps_class: type) -> type:
@@ -48,7 +49,10 @@ def register_decoding_steps(steps_class: type) -> type:
       `(B, S)` once; `state` is a nest of tensors with a leading batch axis
       (beam search reorders its rows);
     - `step(tokens, index, state) -> (logits, state)`: feeds the `(B,)` tokens
-      at position `index` and returns the next-token logits `(B, V)`.
+      at position `index` and returns the next-token logits `(B, V)`;
+    - optionally `start_tokens(encoder_inputs) -> (B,)`: a model that continues
+      its input (a language model: `encoder_inputs` is the prompt) gives the
+      tokens fed at the first step, and is decoded with `start_id=None`.
 
     Written with `keras.ops`, the steps also run inside `export_seq2seq`'s
     graph. For `export_seq2seq` the model takes `{"encoder_inputs",
@@ -103,18 +107,19 @@ def register_decoding_steps(steps_class: type) -> type:
 
 
 def decoding_steps(model: keras.Model) -> Any:
-    """The decoding-steps object of a seq2seq model (see `register_decoding_steps`)."""
+    """The decoding-steps object of a seq2seq or language model (see `register_decoding_steps`)."""
     for steps_class in _STEPS:
         if steps_class.matches(model):
             return steps_class(model)
     raise ValueError(
         f"No decoding steps for model {model.name!r}: expected a model built by "
-        "keras_attn.models.transformer_seq2seq or keras_attn.models.rnn_seq2seq, or one whose "
-        "class was added with keras_attn.models.decoding.register_decoding_steps."
+        "keras_attn.models.transformer_seq2seq, keras_attn.models.rnn_seq2seq or "
+        "keras_attn.models.transformer_lm, or one whose class was "
+        "added with keras_attn.models.decoding.register_decoding_steps."
     )
 
 
-def check_lengths(max_length: int, start_id: int, end_id: int | None) -> None:
+def check_lengths(max_length: int, start_id: int | None, end_id: int | None) -> None:
     """`ValueError` unless `max_length` is a positive int and the token ids positive (or None)."""
     if not isinstance(max_length, int) or max_length <= 0:
         raise ValueError(f"`max_length` must be a positive integer. Received: {max_length!r}")
@@ -125,11 +130,34 @@ def check_lengths(max_length: int, start_id: int, end_id: int | None) -> None:
             )
 
 
+def first_tokens(steps: Any, encoder_inputs: TensorLike, start_id: int | None) -> TensorLike:
+    """The `(B,)` int32 tokens fed at the first step: `start_id`, or a language model's prompt's.
+
+    Raises:
+        ValueError: `start_id` given for a model that continues its prompt
+            (its steps have `start_tokens`), or missing for a seq2seq model.
+    """
+    continues = hasattr(steps, "start_tokens")
+    if continues and start_id is not None:
+        raise ValueError(
+            "A language model continues its prompt: pass `start_id=None` (the prompt's last "
+            f"token is fed first; put a start token in the prompt). Received: start_id={start_id}"
+        )
+    if not continues and start_id is None:
+        raise ValueError(
+            "`start_id` (the token fed at the first step) is required for a seq2seq model."
+        )
+    if continues:
+        return ops.cast(steps.start_tokens(encoder_inputs), "int32")
+    batch = ops.shape(ops.convert_to_tensor(encoder_inputs))[0]
+    return ops.full((batch,), start_id, "int32")
+
+
 def greedy_decode(
     model: keras.Model,
     encoder_inputs: TensorLike,
     max_length: int,
-    start_id: int,
+    start_id: int | None = None,
     end_id: int | None = None,
     steps: Any = None,
 ) -> TensorLike:
@@ -138,10 +166,15 @@ def greedy_decode(
     Token 0 (padding) is never emitted before the end.
 
     Args:
-        model: a zoo seq2seq model (`transformer_seq2seq` or `rnn_seq2seq`).
-        encoder_inputs: int tokens `(B, S)`, 0 = padding.
-        max_length: number of tokens to decode.
-        start_id: the token fed at the first step.
+        model: a zoo seq2seq model (`transformer_seq2seq` or `rnn_seq2seq`),
+            or a language model (`transformer_lm`).
+        encoder_inputs: int tokens `(B, S)`, 0 = padding: the source, or a
+            language model's prompts (padded on either side; see
+            `keras_attn.models.transformer_lm.LanguageModelSteps`).
+        max_length: number of tokens to decode (a language model's new
+            tokens, whatever the prompt's length).
+        start_id: the token fed at the first step (seq2seq); `None` for a
+            language model, which continues its prompt.
         end_id: when given, an example stops at its first `end_id` (kept in
             the output) and is padded with 0 after it.
         steps: a decoding-steps object; by default `decoding_steps(model)`.
@@ -170,7 +203,7 @@ def sample_decode(
     model: keras.Model,
     encoder_inputs: TensorLike,
     max_length: int,
-    start_id: int,
+    start_id: int | None = None,
     end_id: int | None = None,
     temperature: float = 1.0,
     top_k: int | None = None,
@@ -233,8 +266,8 @@ def _decode(steps, encoder_inputs, max_length, start_id, end_id, choose):
     """The cached decoding loop; `choose(logits (B, V), index) -> (B,)` picks each token."""
     encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
     batch = ops.shape(encoder_inputs)[0]
+    tokens = first_tokens(steps, encoder_inputs, start_id)
     state = steps.start(encoder_inputs, max_length)
-    tokens = ops.full((batch,), start_id, "int32")
     outputs = ops.zeros((batch, max_length), "int32")
     finished = ops.zeros((batch,), "bool")
 
@@ -267,8 +300,8 @@ def beam_search(
     model: keras.Model,
     encoder_inputs: TensorLike,
     max_length: int,
-    start_id: int,
-    end_id: int,
+    start_id: int | None = None,
+    end_id: int | None = None,
     beam_width: int = 4,
     length_penalty: float = 0.6,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -282,11 +315,13 @@ def beam_search(
     log-probability alone). With `beam_width=1` this is greedy decoding.
 
     Args:
-        model: a zoo seq2seq model.
-        encoder_inputs: int tokens `(B, S)`, 0 = padding.
+        model: a zoo seq2seq model, or a language model (`transformer_lm`).
+        encoder_inputs: int tokens `(B, S)`, 0 = padding (a language model's
+            prompts).
         max_length: longest output.
-        start_id: the token fed at the first step.
-        end_id: the end-of-sequence token.
+        start_id: the token fed at the first step; `None` for a language
+            model (it continues its prompt).
+        end_id: the end-of-sequence token (required).
         beam_width: hypotheses kept per example.
         length_penalty: the exponent `alpha`.
 
@@ -307,13 +342,16 @@ def beam_search(
         https://arxiv.org/abs/1609.08144 (length penalty)
     """
     check_lengths(max_length, start_id, end_id)
+    if end_id is None:
+        raise ValueError("`end_id` (the end-of-sequence token) is required by beam search.")
     if not isinstance(beam_width, int) or beam_width <= 0:
         raise ValueError(f"`beam_width` must be a positive integer. Received: {beam_width!r}")
     steps = decoding_steps(model)
     source = np.asarray(encoder_inputs, "int32")
     batch, width = source.shape[0], beam_width
-    state = steps.start(np.repeat(source, width, axis=0), max_length)  # (B*K, ...)
-    tokens = np.full((batch * width,), start_id, "int32")
+    source = np.repeat(source, width, axis=0)  # (B*K, S)
+    tokens = ops.convert_to_numpy(first_tokens(steps, source, start_id))
+    state = steps.start(source, max_length)  # (B*K, ...)
     log_probs = np.full((batch, width), -np.inf)
     log_probs[:, 0] = 0.0  # one live hypothesis to start from
     lengths = np.zeros((batch, width))

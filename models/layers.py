@@ -267,3 +267,37 @@ class PointerDecoderInputs(keras.layers.Layer):
         config = super().get_config()
         config.update({"go_initializer": keras.initializers.serialize(self.go_initializer)})
         return config
+
+
+# ---------------------------------------------------------------------------
+# Language models
+# ---------------------------------------------------------------------------
+
+
+@_REGISTER
+class TokenPositions(keras.layers.Layer):
+    """Each token's position among the real tokens of its row: `max(cumsum(tokens != 0) - 1, 0)`.
+
+    The positions a language model embeds, so that padding on either side
+    moves no real token: a left-padded row gets the positions of the same row
+    unpadded (a right-padded one `0, 1, ...` anyway). Padded steps get the
+    position of the real token before them (0 before the first).
+
+    Example:
+
+    >>> print(keras.ops.convert_to_numpy(TokenPositions()(np.array([[0, 0, 7, 8, 9]]))))
+    [[0 0 0 1 2]]
+    """
+
+    def call(self, tokens):
+        real = kops.cast(kops.not_equal(tokens, 0), "int32")
+        return kops.maximum(kops.cumsum(real, axis=-1) - 1, 0)  # (B, T)
+
+    def compute_output_spec(self, tokens):
+        return keras.KerasTensor(tokens.shape, dtype="int32")
+
+
+@keras.saving.register_keras_serializable(package="keras_attn.models")
+def gelu_approximate(x):
+    """GELU with the tanh approximation (GPT-2's activation; keras-hub's `gelu_approximate`)."""
+    return keras.activations.gelu(x, approximate=True)

@@ -1,0 +1,309 @@
+"""`transformer_lm`: a decoder-only Transformer language model (the GPT family), and its steps."""
+
+import keras
+import numpy as np
+from keras import ops
+
+import keras_attn
+from keras_attn._typing import ActivationLike, Length, TensorLike
+from keras_attn.arguments import check_positive_int, check_rate
+from keras_attn.models.layers import TokenPositions
+from keras_attn.positional import static_array
+
+POSITIONS = ("learned", "sinusoidal", "rotary", "alibi")
+_EMBEDDED = ("learned", "sinusoidal")  # added to the token embedding; the others act on scores
+
+
+def transformer_lm(
+    vocab_size: int,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    d_model: int = 64,
+    intermediate_dim: int = 128,
+    num_key_value_heads: int | None = None,
+    position: str = "learned",
+    sequence_length: int = 1024,
+    sliding_window: int | None = None,
+    dropout: float = 0.1,
+    activation: ActivationLike = "gelu",
+    layer_norm_epsilon: float = 1e-5,
+    normalize_first: bool = True,
+    tie_weights: bool = True,
+    max_wavelength: float = 10000,
+    implementation: str = "auto",
+    name: str = "transformer_lm",
+) -> keras.Model:
+    """A decoder-only Transformer language model (GPT): next-token logits at every position.
+
+        x = Dropout(E[tokens] + PE(positions))
+        x = DecoderBlock_n(... DecoderBlock_1(x))      (causal self-attention only)
+        logits = LN(x) E^T                              (tied; else a table of its own)
+
+    Row `t` of the output sees `tokens[:, :t + 1]` only, so with inputs
+    `tokens[:, :-1]` and targets `tokens[:, 1:]` every position predicts the
+    next token. Token id 0 is padding: padded keys are never attended to and
+    padded rows output the final norm's bias; train with
+    `keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0)`
+    so padded targets do not count. Positions count real tokens only
+    (`keras_attn.models.layers.TokenPositions`), so a row's logits do not depend on
+    how much padding precedes or follows it.
+
+    Generate with `keras_attn.models.generate` (compiled), or with
+    `greedy_decode` / `sample_decode` / `beam_search` and `start_id=None`: a
+    prefill of the prompts, then one KV-cached step per token
+    (`LanguageModelSteps`).
+
+    The argument names are the zoo's (`vocab_size`, `d_model`,
+    `sequence_length`) and, for what the zoo has not, keras-hub's
+    (`num_key_value_heads`, `layer_norm_epsilon`); keras-hub's GPT-2 calls
+    them `vocabulary_size`, `hidden_dim`, `max_sequence_length`
+    (`keras_attn.models.gpt2.from_gpt2_backbone` converts one).
+
+    Args:
+        vocab_size: number of token ids (0 is padding).
+        num_layers: decoder blocks.
+        num_heads: query heads per block.
+        d_model: embedding and block width.
+        intermediate_dim: feed-forward hidden width.
+        num_key_value_heads: `None` (one key/value head per query head), or
+            fewer, dividing `num_heads`: grouped-query attention (a smaller
+            KV cache).
+        position: `"learned"` (GPT-2), `"sinusoidal"`, `"rotary"` (Llama;
+            queries and keys rotated in every block) or `"alibi"` (a linear
+            distance penalty on the scores, no position embedding).
+        sequence_length: rows of the learned position table, i.e. the
+            longest prompt + generation with `position="learned"`; the other
+            schemes take any length.
+        sliding_window: `None`, or a positive int: each token attends to the
+            last `sliding_window` positions only (Mistral).
+        dropout: on the embeddings, every residual branch and the attention
+            weights.
+        activation: of the feed-forward networks.
+        layer_norm_epsilon: of every layer normalization.
+        normalize_first: pre-norm blocks followed by a final
+            `LayerNormalization` (GPT-2); `False`: post-norm blocks.
+        tie_weights: the output projection is the token table transposed
+            (`True`), or a table of its own.
+        max_wavelength: of the sinusoidal or rotary positions.
+        implementation: the attention kernel of every block, `"auto"`,
+            `"dense"`, `"fused"` or `"chunked"` (long contexts in bounded
+            memory; see `keras_attn.MultiHeadAttention`).
+        name: the model's name.
+
+    Returns:
+        A `keras.Model`: int32 tokens `(B, T)` -> logits `(B, T, vocab_size)`.
+
+    Example:
+
+    >>> model = transformer_lm(100, num_layers=1, d_model=16, intermediate_dim=32)
+    >>> print(model(np.ones((2, 7), "int32")).shape)
+    (2, 7, 100)
+
+    References:
+        Radford et al., 2019, "Language Models are Unsupervised Multitask
+        Learners" (GPT-2); Vaswani et al., 2017, "Attention Is All You
+        Need", https://arxiv.org/abs/1706.03762
+    """
+    vocab_size = check_positive_int("vocab_size", vocab_size)
+    num_layers = check_positive_int("num_layers", num_layers)
+    d_model = check_positive_int("d_model", d_model)
+    sequence_length = check_positive_int("sequence_length", sequence_length)
+    dropout = check_rate("dropout", dropout)
+    if position not in POSITIONS:
+        raise ValueError(f"`position` must be one of {POSITIONS}. Received: position={position!r}")
+    if not isinstance(tie_weights, bool):
+        raise TypeError(f"`tie_weights` must be a bool. Received: tie_weights={tie_weights!r}")
+    # -- layers -------------------------------------------------------------
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    token_embedding = keras.layers.ReversibleEmbedding(
+        vocab_size, d_model, tie_weights=tie_weights, mask_zero=True, name="token_embedding"
+    )
+    x = token_embedding(tokens)  # (B, T, d), masked where tokens == 0
+    if position in _EMBEDDED:
+        positions = TokenPositions(name="positions")(tokens)  # (B, T)
+        if position == "learned":
+            embedding = keras_attn.LearnedPositionalEmbedding(
+                sequence_length, name="position_embedding"
+            )
+        else:
+            embedding = keras_attn.SinusoidalPositionalEncoding(
+                max_wavelength, name="position_embedding"
+            )
+        x = keras.layers.Add(name="embeddings_add")([x, embedding(x, positions=positions)])
+    x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
+    for i in range(num_layers):
+        x = keras_attn.TransformerDecoderBlock(
+            intermediate_dim,
+            num_heads,
+            dropout=dropout,
+            activation=activation,
+            layer_norm_epsilon=layer_norm_epsilon,
+            normalize_first=normalize_first,
+            num_key_value_heads=num_key_value_heads,
+            rotary_embedding=(
+                keras_attn.RotaryEmbedding(max_wavelength) if position == "rotary" else None
+            ),
+            position_bias=keras_attn.AlibiBias() if position == "alibi" else None,
+            sliding_window=sliding_window,
+            implementation=implementation,
+            name=f"decoder_block_{i}",
+        )(x)
+    if normalize_first:
+        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="final_norm")(x)
+    logits = token_embedding(x, reverse=True)  # (B, T, vocab_size)
+    # -- model --------------------------------------------------------------
+    return keras.Model(tokens, logits, name=name)
+
+
+# ---------------------------------------------------------------------------
+# Generation: a prefill, then one cached step per token
+# ---------------------------------------------------------------------------
+
+
+def left_align(tokens: TensorLike) -> TensorLike:
+    """Each row's real tokens (not 0) moved to its end, in order: `[[5, 6, 0]] -> [[0, 5, 6]]`.
+
+    Prompts padded on either side (or anywhere) become left-padded, so every
+    row's next token goes to the same cache position.
+
+    Example:
+
+    >>> print(keras.ops.convert_to_numpy(left_align(np.array([[5, 6, 0, 0], [0, 7, 0, 8]]))))
+    [[0 0 5 6]
+     [0 0 7 8]]
+    """
+    tokens = ops.convert_to_tensor(tokens, "int32")
+    length = ops.shape(tokens)[1]
+    real = ops.cast(ops.not_equal(tokens, 0), "int32")
+    order = ops.argsort(real * length + ops.arange(length, dtype="int32"), axis=-1)  # pads first
+    return ops.take_along_axis(tokens, order, axis=-1)
+
+
+def _layer_names(model):
+    return {layer.name for layer in model.layers}
+
+
+def check_prompts(prompts, vocab_size: int, max_length: int, sequence_length: int | None):
+    """Eager checks of concrete prompts (a traced tensor passes unchecked).
+
+    Raises:
+        ValueError: a row without a real token (all 0), a token id outside
+            `[0, vocab_size)`, or (learned positions) a prompt that with
+            `max_length` new tokens outgrows the position table.
+    """
+    values = static_array(prompts)
+    if values is None:
+        return
+    if values.ndim != 2:
+        raise ValueError(f"`prompts` must be int tokens (batch, length). Received: {values.shape}")
+    if not np.issubdtype(values.dtype, np.integer):
+        raise TypeError(f"`prompts` must hold integer token ids. Received: dtype={values.dtype}")
+    lengths = np.sum(values != 0, axis=1)
+    if values.size == 0 or np.any(lengths == 0):
+        empty = np.flatnonzero(lengths == 0).tolist() if values.size else "all"
+        raise ValueError(
+            "`prompts` must hold at least one real token per row (0 is padding): a language model "
+            "continues its prompt; start an empty one with a start token (GPT-2: <|endoftext|>). "
+            f"Received: empty rows {empty} of prompts with shape {values.shape}"
+        )
+    bad = (values < 0) | (values >= vocab_size)
+    if np.any(bad):
+        raise ValueError(
+            f"`prompts` must hold token ids in [0, vocab_size={vocab_size}). Received: "
+            f"{sorted(set(values[bad].tolist()))[:5]}"
+        )
+    if sequence_length is not None and int(lengths.max()) + max_length - 1 > sequence_length:
+        raise ValueError(
+            f"The longest prompt ({int(lengths.max())} tokens) plus `max_length` - 1 "
+            f"({max_length - 1}) new positions must fit in the model's learned positions "
+            f"(sequence_length={sequence_length}). Received: max_length={max_length}"
+        )
+
+
+class LanguageModelSteps:
+    """Incremental decoding of a `transformer_lm` model with KV caches.
+
+    The decoding functions of `keras_attn.models.decoding` drive it, with
+    `start_id=None`: `start` left-aligns the prompts (`left_align`: padding
+    on either side is accepted) and runs all but their last token through the
+    blocks at once (the prefill), writing every block's `KVCache`, valid where
+    the prompt is not padding; `start_tokens` are the prompts' last tokens,
+    fed at the first step; each `step` embeds one token per row at its row's
+    position (its count of real tokens: the same as unpadded) and runs the
+    blocks on their caches, O(T) per token. Everything is `keras.ops`, so the
+    loop also runs inside `tf.function` / `jax.jit`.
+
+    Args:
+        model: a model built by `transformer_lm` (trained or reloaded).
+    """
+
+    @staticmethod
+    def matches(model: keras.Model) -> bool:
+        names = _layer_names(model)
+        return {"token_embedding", "decoder_block_0"} <= names and "encoder_embedding" not in names
+
+    def __init__(self, model: keras.Model):
+        names = _layer_names(model)
+        self.blocks, i = [], 0
+        while f"decoder_block_{i}" in names:
+            self.blocks.append(model.get_layer(f"decoder_block_{i}"))
+            i += 1
+        self.token_embedding = model.get_layer("token_embedding")
+        self.position_embedding = (
+            model.get_layer("position_embedding") if "position_embedding" in names else None
+        )
+        self.norm = model.get_layer("final_norm") if "final_norm" in names else None
+        self.vocab_size = self.token_embedding.input_dim
+        learned = isinstance(self.position_embedding, keras_attn.LearnedPositionalEmbedding)
+        self.sequence_length = self.position_embedding.sequence_length if learned else None
+        self._max_length = None
+
+    def _embed(self, tokens, positions):
+        """`(B, T)` tokens at `(B, T)` positions -> `(B, T, d)`."""
+        x = self.token_embedding(tokens)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(x, positions=positions)
+        return x
+
+    def _blocks(self, x, mask, caches, index):
+        new = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x, cache = block(
+                x,
+                decoder_padding_mask=mask,
+                self_attention_cache=cache,
+                self_attention_cache_update_index=index,
+                training=False,
+            )
+            new.append(cache)
+        return x, new
+
+    def start_tokens(self, prompts: TensorLike) -> TensorLike:
+        """`(B,)` int32: each prompt's last token, fed at the first step."""
+        return left_align(prompts)[:, -1]
+
+    def start(self, prompts: TensorLike, max_length: int) -> dict:
+        """Prefills the caches with `(B, P)` prompts (but their last tokens); the initial state."""
+        check_prompts(prompts, self.vocab_size, max_length, self.sequence_length)
+        prompts = left_align(prompts)  # (B, P)
+        batch, length = ops.shape(prompts)[0], ops.shape(prompts)[1]
+        self._max_length = max_length
+        caches = [b.empty_cache(batch, length - 1 + max_length) for b in self.blocks]
+        positions = TokenPositions()(prompts)  # (B, P)
+        context = prompts[:, :-1]  # (B, P - 1)
+        if not isinstance(length, int) or length > 1:
+            x = self._embed(context, positions[:, :-1])
+            _, caches = self._blocks(x, ops.not_equal(context, 0), caches, 0)
+        return {"caches": caches, "positions": positions[:, -1]}
+
+    def step(self, tokens: TensorLike, index: Length, state: dict) -> tuple[TensorLike, dict]:
+        """`(B,)` tokens, the `index`-th fed -> next-token logits `(B, V)` and the new state."""
+        tokens = ops.expand_dims(ops.cast(tokens, "int32"), 1)  # (B, 1)
+        positions = ops.expand_dims(state["positions"], 1)  # (B, 1)
+        cache_index = ops.shape(state["caches"][0].key)[2] - self._max_length + index
+        x = self._embed(tokens, positions)
+        x, caches = self._blocks(x, ops.not_equal(tokens, 0), state["caches"], cache_index)
+        if self.norm is not None:
+            x = self.norm(x)
+        logits = self.token_embedding(x, reverse=True)[:, 0]  # (B, V)
+        return logits, {"caches": caches, "positions": state["positions"] + 1}

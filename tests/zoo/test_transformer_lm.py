@@ -1,0 +1,242 @@
+"""`transformer_lm` and its generation: fit, reload, padding, cached steps vs the full pass.
+
+Runs on TensorFlow, JAX and torch (`.ci/jax`, `.ci/torch`). The references are
+independent of the cache: the model's own uncached full pass on the unpadded
+prompt grown one token at a time (greedy: its argmax; sampling: `sample_tokens`
+on its logits with the same uniform draws).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn import testing
+from model_checks import check_model, padded_tokens
+
+pytestmark = pytest.mark.backends  # fit, reload and generation on every backend
+
+VOCAB = 23
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def _lm(position="learned", **kwargs):
+    from keras_attn.models import transformer_lm
+
+    keras.utils.set_random_seed(0)
+    options = dict(num_layers=2, num_heads=4, d_model=16, intermediate_dim=32, dropout=0.0)
+    options.update(kwargs)
+    return transformer_lm(VOCAB, position=position, sequence_length=24, **options)
+
+
+# Every position scheme, grouped-query heads, a sliding window, post-norm, untied output.
+VARIANTS = {
+    "learned": {},
+    "sinusoidal_post_norm_untied": dict(
+        position="sinusoidal", normalize_first=False, tie_weights=False
+    ),
+    "rotary_gqa": dict(position="rotary", num_key_value_heads=2),
+    "alibi_window": dict(position="alibi", sliding_window=3),
+}
+
+# Every variant on TensorFlow. On JAX and torch (where eager steps are slow: JAX compiles
+# each op per shape) one variant for each generation property, and the model-level ones
+# (padding, reload of each variant) are left to TensorFlow: the layers under them are
+# tested on every backend by their own files.
+ON_TENSORFLOW = keras.backend.backend() == "tensorflow"
+
+
+def _variants(*elsewhere):
+    return sorted(VARIANTS) if ON_TENSORFLOW else list(elsewhere)
+
+
+PROMPTS = np.array([[5, 6, 7, 8, 9], [10, 3, 0, 0, 0], [4, 0, 0, 0, 0]], "int32")  # right-padded
+
+
+def _left_padded(prompts):
+    return np.stack([np.concatenate([r[r == 0], r[r != 0]]) for r in prompts])
+
+
+def _last_logits(model, rows):
+    """`(B, V)`: each row's (a list of tokens) next-token logits from one uncached full pass.
+
+    The rows are right-padded to one length: causal, the padding after a
+    row's last token changes nothing there.
+    """
+    length = max(map(len, rows))
+    batch = np.array([row + [0] * (length - len(row)) for row in rows], "int32")
+    return _np(model(batch))[np.arange(len(rows)), [len(row) - 1 for row in rows]]
+
+
+def _reference(model, prompts, new, choose):
+    """Generation by the uncached full pass: `choose(logits (B, V), step) -> (B,) tokens`.
+
+    Each step runs the model on every row's real prompt and tokens so far.
+    """
+    rows = [[int(t) for t in prompt if t] for prompt in prompts]
+    out = np.zeros((len(prompts), new), "int32")
+    for t in range(new):
+        logits = _last_logits(model, rows)
+        logits[:, 0] = -np.inf  # padding is never generated
+        out[:, t] = choose(logits, t)
+        rows = [row + [int(token)] for row, token in zip(rows, out[:, t], strict=True)]
+    return out
+
+
+def _greedy_reference(model, prompts, new):
+    return _reference(model, prompts, new, lambda logits, t: np.argmax(logits, axis=-1))
+
+
+def test_fits_and_reloads(tmp_path):
+    model = _lm()
+    tokens = padded_tokens(np.random.default_rng(0), 8, 9, VOCAB, min_length=3)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0)
+    check_model(model, tokens[:, :-1], tokens[:, 1:], tmp_path=tmp_path, loss=loss)
+
+
+@pytest.mark.parametrize("variant", [v for v in _variants() if v != "learned"])
+def test_variants_reload(variant, tmp_path):
+    """`.keras` with `safe_mode=True`: the rotary, ALiBi, window, untied and post-norm models."""
+    model = _lm(**VARIANTS[variant])
+    inputs = {"tokens": PROMPTS}
+    testing.assert_save_reload_equal(model, inputs, directory=str(tmp_path), formats=("keras",))
+
+
+@pytest.mark.parametrize("variant", _variants())
+def test_logits_are_causal_and_padding_free(variant):
+    """A row's logits do not depend on later tokens, nor on padding before or after it."""
+    model = _lm(**VARIANTS[variant])
+    row = [5, 6, 7, 8, 9]
+    alone = _np(model(np.array([row], "int32")))[0]  # (5, V)
+    padded = np.array(
+        [[0, 0] + row + [0], row + [0, 0, 0], row[:3] + [11, 12, 13, 14, 15]], "int32"
+    )
+    out = _np(model(padded))
+    np.testing.assert_allclose(out[0, 2:7], alone, atol=1e-5)
+    np.testing.assert_allclose(out[1, :5], alone, atol=1e-5)
+    np.testing.assert_allclose(out[2, :3], alone[:3], atol=1e-5)  # the future changed
+
+
+@pytest.mark.parametrize("variant", _variants("alibi_window"))
+def test_cached_steps_equal_the_full_pass(variant):
+    """Each cached step's logits equal the full pass's on the unpadded prompt and tokens so far."""
+    from keras_attn.models.transformer_lm import LanguageModelSteps
+
+    model = _lm(**VARIANTS[variant])
+    steps = LanguageModelSteps(model)
+    forced = np.array([[3, 4, 5], [6, 7, 8], [9, 10, 11]], "int32")  # fed after the prompts
+    for prompts in (PROMPTS, _left_padded(PROMPTS)):
+        state = steps.start(prompts, 3)
+        tokens = steps.start_tokens(prompts)
+        for index in range(3):
+            logits, state = steps.step(tokens, index, state)
+            rows = [[int(t) for t in p if t] for p in PROMPTS]
+            rows = [row + forced[b, :index].tolist() for b, row in enumerate(rows)]
+            expected = _last_logits(model, rows)
+            np.testing.assert_allclose(_np(logits), expected, atol=1e-5)
+            tokens = forced[:, index]
+
+
+@pytest.mark.parametrize("variant", _variants("rotary_gqa"))
+def test_greedy_generation_equals_the_full_pass(variant):
+    from keras_attn.models import generate, greedy_decode
+
+    model = _lm(**VARIANTS[variant])
+    expected = _greedy_reference(model, PROMPTS, 4)
+    np.testing.assert_array_equal(generate(model, PROMPTS, 4, jit_compile=False), expected)
+    left = _left_padded(PROMPTS)
+    np.testing.assert_array_equal(_np(greedy_decode(model, left, 4)), expected)
+
+
+@pytest.mark.xla
+def test_compiled_generation_equals_the_full_pass():
+    """`generate` compiled (XLA on TensorFlow, `jax.jit`): the same tokens; sees new weights."""
+    from keras_attn.models import generate
+
+    model = _lm(position="rotary", num_key_value_heads=2, num_layers=1)
+    np.testing.assert_array_equal(generate(model, PROMPTS, 4), _greedy_reference(model, PROMPTS, 4))
+    for weight in model.weights:  # the compiled function reads the weights when it runs
+        weight.assign(weight * 1.5)
+    np.testing.assert_array_equal(generate(model, PROMPTS, 4), _greedy_reference(model, PROMPTS, 4))
+
+
+def test_sampling_equals_the_full_pass_with_the_same_draws():
+    from keras_attn.models import generate
+    from keras_attn.models.sampling import sample_tokens
+
+    model = _lm(position="alibi")
+    options = dict(temperature=0.8, top_k=8, top_p=0.9)
+    drawn = generate(model, PROMPTS, 4, sampler="sample", seed=3, jit_compile=False, **options)
+    uniform = _np(keras.random.uniform((4, len(PROMPTS)), seed=3))  # generate's draws
+
+    def choose(logits, t):
+        return _np(sample_tokens(logits, uniform[t], **options))
+
+    np.testing.assert_array_equal(drawn, _reference(model, PROMPTS, 4, choose))
+    again = generate(model, PROMPTS, 4, sampler="sample", seed=3, jit_compile=False, **options)
+    np.testing.assert_array_equal(drawn, again)
+
+
+def test_beam_and_end_id():
+    """Width-1 beam search is greedy; `end_id` ends a row (kept, zeros after)."""
+    from keras_attn.models import beam_search, generate
+
+    model = _lm()
+    greedy = _greedy_reference(model, PROMPTS, 4)
+    end_id = int(greedy[0, 2])  # row 0 emits it by its third token
+    beam = generate(model, PROMPTS, 4, end_id=end_id, sampler="beam", beam_width=1)
+    stopped = generate(model, PROMPTS, 4, end_id=end_id, jit_compile=False)
+    np.testing.assert_array_equal(beam, stopped)
+    for row, full in zip(stopped, greedy, strict=True):
+        ends = np.flatnonzero(full == end_id)
+        last = ends[0] if len(ends) else len(full) - 1
+        np.testing.assert_array_equal(row[: last + 1], full[: last + 1])
+        assert not row[last + 1 :].any()
+    tokens, scores = beam_search(model, PROMPTS, 4, end_id=end_id, beam_width=3)
+    assert tokens.shape == (3, 4) and np.all(np.isfinite(scores))
+
+
+def test_bad_input():
+    from keras_attn.models import generate, greedy_decode, transformer_lm
+    from keras_attn.models.transformer_lm import check_prompts
+
+    model = _lm()
+    with pytest.raises(ValueError, match="`prompts` must hold at least one real token.*\\[1\\]"):
+        generate(model, np.array([[5, 6], [0, 0]], "int32"), 3)
+    with pytest.raises(ValueError, match="at least one real token"):
+        generate(model, np.zeros((2, 0), "int32"), 3)
+    with pytest.raises(ValueError, match=r"token ids in \[0, vocab_size=23\).*\[23, 40\]"):
+        generate(model, np.array([[5, 23], [40, 1]], "int32"), 3)
+    with pytest.raises(ValueError, match="token ids"):
+        generate(model, np.array([[5, -1]], "int32"), 3)
+    # Fed: the 4 prompt tokens and all but the last new one, at positions 0 .. 4 + max_length - 2.
+    with pytest.raises(ValueError, match="sequence_length=24.*max_length=22"):
+        generate(model, np.array([[5, 6, 7, 8]], "int32"), 22)
+    check_prompts(np.array([[5, 6, 7, 8]], "int32"), VOCAB, 21, 24)  # fits
+    # A `max_length` below the prompt's length is fine: it counts new tokens.
+    assert generate(model, PROMPTS, 1, jit_compile=False).shape == (3, 1)
+    with pytest.raises(ValueError, match="`max_length` must be a positive integer"):
+        generate(model, PROMPTS, 0)
+    with pytest.raises(ValueError, match="continues its prompt.*start_id=1"):
+        greedy_decode(model, PROMPTS, 3, start_id=1)
+    with pytest.raises(ValueError, match="`sampler` must be one of"):
+        generate(model, PROMPTS, 3, sampler="nucleus")
+    with pytest.raises(ValueError, match="`top_p` must be"):
+        generate(model, PROMPTS, 3, sampler="sample", top_p=1.5)
+    with pytest.raises(ValueError, match="`end_id`.*required"):
+        generate(model, PROMPTS, 3, sampler="beam")
+    with pytest.raises(TypeError, match="integer token ids"):
+        generate(model, np.ones((1, 3), "float32"), 3)
+    with pytest.raises(ValueError, match="`position` must be one of.*'relative'"):
+        transformer_lm(10, position="relative")
+    with pytest.raises(ValueError, match="vocab_size"):
+        transformer_lm(0)
+    with pytest.raises(ValueError, match="`num_key_value_heads` must divide `num_heads`"):
+        transformer_lm(10, num_heads=4, num_key_value_heads=3)
+    classifier = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(
+        ValueError, match="`model` must be built by keras_attn.models.transformer_lm"
+    ):
+        generate(classifier, PROMPTS, 3)
