@@ -50,11 +50,26 @@ from keras_attn.kernels.registry import Kernel
 TORCH_CPU = True
 
 
-@functools.cache
 def device_kind():
-    """The kind of Keras' default device: `"cpu"`, `"gpu"`, `"cuda"`, `"tpu"`, `"mps"`."""
+    """The kind of Keras' default device: `"cpu"`, `"gpu"`, `"cuda"`, `"tpu"`, `"mps"`.
+
+    On torch, where Keras puts new tensors; read once outside a symbolic trace
+    (a functional model is built on torch's `"meta"` device, which says nothing
+    about where the model will run: never kept).
+    """
     if keras.backend.backend() == "torch":
-        return ops.convert_to_tensor(0.0).device.type  # where Keras puts new tensors
+        kind = ops.convert_to_tensor(0.0).device.type
+        return kind if kind == "meta" else _torch_device_kind()
+    return _listed_device_kind()
+
+
+@functools.cache
+def _torch_device_kind():
+    return ops.convert_to_tensor(0.0).device.type
+
+
+@functools.cache
+def _listed_device_kind():
     return keras.distribution.list_devices()[0].split(":")[0].lower()
 
 

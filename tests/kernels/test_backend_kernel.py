@@ -227,6 +227,28 @@ def test_device_kind_is_keras_default_device():
     assert kernel_backend.preferred() is PREFERRED.get((keras.backend.backend(), kind), False)
 
 
+def test_a_functional_model_runs_the_kernel_its_device_prefers(monkeypatch):
+    """The model is built on torch's "meta" device: that kind is never the one kept."""
+    chosen = []
+    choose = kernels.choose
+
+    def spy(*args, **kwargs):
+        kernel = choose(*args, **kwargs)
+        chosen.append(kernel.name)
+        return kernel
+
+    monkeypatch.setattr(keras_attn.ops.kernels, "choose", spy)
+    x = keras.Input((6, 16))
+    model = keras.Model(x, keras_attn.MultiHeadAttention(2, 8)(x, x, use_causal_mask=True))
+    chosen.clear()
+    model.compile(optimizer="sgd", loss="mse")
+    data = np.ones((2, 6, 16), "float32")
+    model.train_on_batch(data, data)
+    assert kernel_backend.device_kind() in ("cpu", "gpu", "cuda", "tpu", "mps")
+    # The step's choice (a symbolic pass on "meta" may come first: it runs nothing).
+    assert chosen[-1] == ("backend" if kernel_backend.preferred() else "fused")
+
+
 @pytest.mark.parametrize("preferred", [False, True])
 def test_auto_takes_the_backend_kernel_where_preferred(monkeypatch, preferred):
     monkeypatch.setattr(kernel_backend, "preferred", lambda: preferred)
