@@ -163,3 +163,26 @@ def _compiled(fn):
 
         return jax.jit(fn)
     return fn  # torch: eager only
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_all_finite_is_numpys_isfinite_and_an_overflowing_sum_takes_the_guard(dtype):
+    from keras_attn.kernels import finite
+
+    big = np.full((2, 3, 4), 6e4 if dtype == "float16" else 3e38, dtype)  # their sum overflows
+    for a, b in [(big, big), (big, np.ones_like(big))]:
+        for bad in (None, np.nan, np.inf, -np.inf):
+            a = a.copy()
+            if bad is not None:
+                a[1, 2, 3] = bad
+            expected = bool(np.isfinite(a).all() and np.isfinite(b).all())
+            # In float32 a sum of finite entries may overflow ("not finite": the guard runs);
+            # a non-finite entry is never called finite.
+            if dtype == "float16" or not expected:
+                assert finite.all_finite(a, b) == expected
+            value, key, flag = finite.zero_nonfinite(b, a)
+            if bad is None:  # nothing zeroed, whichever path ran
+                np.testing.assert_array_equal(np_(key), a.astype("float32"))
+            else:
+                assert flag is not None and np_(flag)[1, 2, 0] == 1
+                assert np_(key)[1, 2, 3] == 0
