@@ -51,6 +51,12 @@ def make_mha(kind, dim, dtype, implementation=None):
     return keras.layers.MultiHeadAttention(NUM_HEADS, dim // NUM_HEADS, dtype=dtype)
 
 
+def make_key_value(dim, dtype, implementation=None):
+    """`keras_attn.KeyValueAttention`, single head of width `dim`, scaled-dot score."""
+    kwargs = {} if implementation is None else {"implementation": implementation}
+    return keras_attn.KeyValueAttention(dim, dtype=dtype, **kwargs)
+
+
 def make_encoder(kind, dim, dtype):
     """Post-norm block, ReLU FFN of width 4d, no dropout: ours or keras-hub's."""
     if kind == "ours":
@@ -60,7 +66,8 @@ def make_encoder(kind, dim, dtype):
 
 def self_attention(layer):
     """The call of a self-attention layer: `layer(x, x)` for MHA, `layer(x)` for blocks."""
-    if isinstance(layer, (keras.layers.MultiHeadAttention, keras_attn.MultiHeadAttention)):
+    two_inputs = (keras.layers.MultiHeadAttention, keras_attn.MultiHeadAttention)
+    if isinstance(layer, (*two_inputs, keras_attn.ScoreAttention)):
         return lambda x, training: layer(x, x, training=training)
     return lambda x, training: layer(x, training=training)
 

@@ -1,7 +1,8 @@
 """Peak memory of one MHA step, each configuration in a fresh subprocess.
 
-The child (`python -m benchmarks.memory --length L --impl IMPL`) builds an
-8-head `MultiHeadAttention` with `d = 256` at `B = 1`, resets the kernel's
+The child (`python -m benchmarks.memory --length L --impl IMPL [--layer key_value]`)
+builds an 8-head `MultiHeadAttention` with `d = 256` at `B = 1` (or a
+single-head `KeyValueAttention` of width `d`, `--layer key_value`), resets the kernel's
 RSS high-water mark (`/proc/self/clear_refs`), runs one training step
 (forward + backward with respect to the weights) or one inference call in a
 `tf.function`, and prints one JSON line: the high-water mark `VmHWM` (the
@@ -40,7 +41,10 @@ def _child(args):
     from benchmarks import cases
 
     dim, batch, length = args.dim, args.batch, args.length
-    if args.impl == "keras":
+    if args.layer == "key_value":
+        impl = None if args.impl == "auto" else args.impl
+        layer = cases.make_key_value(dim, "float32", implementation=impl)
+    elif args.impl == "keras":
         layer = cases.make_mha("peer", dim, "float32")
     else:
         layer = cases.make_mha("ours", dim, "float32", implementation=args.impl)
@@ -59,6 +63,7 @@ def _child(args):
         times.append(time.perf_counter() - start)
     peak_kib = _status_kib("VmHWM")
     result = {
+        "layer": args.layer,
         "impl": args.impl,
         "mode": args.mode,
         "batch": batch,
@@ -75,7 +80,9 @@ def _child(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def measure(length, impl, mode="train", dim=256, batch=1, calls=2, cap_gib=12.0, timeout=300):
+def measure(
+    length, impl, mode="train", dim=256, batch=1, calls=2, cap_gib=12.0, timeout=300, layer="mha"
+):
     """Runs the child for one configuration; returns its result dict.
 
     `status` is `"ok"`, `"killed (RSS cap)"`, `"timeout"` or `"failed"` (with
@@ -85,10 +92,11 @@ def measure(length, impl, mode="train", dim=256, batch=1, calls=2, cap_gib=12.0,
     cmd = [
         sys.executable, "-m", "benchmarks.memory", "--length", str(length), "--impl", impl,
         "--mode", mode, "--dim", str(dim), "--batch", str(batch), "--calls", str(calls),
+        "--layer", layer,
     ]  # fmt: skip
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    base = {"impl": impl, "mode": mode, "batch": batch, "length": length, "dim": dim}
+    base = dict(layer=layer, impl=impl, mode=mode, batch=batch, length=length, dim=dim)
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -125,6 +133,7 @@ def main(argv=None):
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--layer", choices=("mha", "key_value"), default="mha")
     _child(parser.parse_args(argv))
 
 
