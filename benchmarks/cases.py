@@ -60,7 +60,7 @@ def make_key_value(dim, dtype, implementation=None):
 def make_encoder(kind, dim, dtype):
     """Post-norm block, ReLU FFN of width 4d, no dropout: ours or keras-hub's."""
     if kind == "ours":
-        return keras_attn.TransformerEncoderBlock(4 * dim, NUM_HEADS, dtype=dtype)
+        return keras_attn.TransformerEncoder(4 * dim, NUM_HEADS, dtype=dtype)
     return keras_hub_or_none().layers.TransformerEncoder(4 * dim, NUM_HEADS, dtype=dtype)
 
 

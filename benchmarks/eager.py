@@ -8,7 +8,7 @@ interleaved; layers called eagerly (no `tf.function`, no `jax.jit`, no
 
 - `keras_attn.MultiHeadAttention` vs `keras.layers.MultiHeadAttention`,
   causal self-attention (`use_causal_mask=True`), T = 1, 16, 128;
-- `keras_attn.TransformerDecoderBlock` vs keras-hub's `TransformerDecoder`
+- `keras_attn.TransformerDecoder` vs keras-hub's `TransformerDecoder`
   (`intermediate_dim=1024`), decoder-only, causal (both blocks' default),
   T = 1, 16, 128;
 - one cached decoding step of those blocks: one token at index 64 of a
@@ -119,7 +119,7 @@ def _decoder_pair():
     peer = cases.keras_hub_or_none().layers.TransformerDecoder(
         intermediate_dim=INTERMEDIATE_DIM, num_heads=NUM_HEADS
     )
-    ours = keras_attn.TransformerDecoderBlock(
+    ours = keras_attn.TransformerDecoder(
         intermediate_dim=INTERMEDIATE_DIM, num_heads=NUM_HEADS
     )
     peer.build((1, 1, DIM))

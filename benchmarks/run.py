@@ -4,7 +4,7 @@ In one process, side by side, repeats interleaved:
 
 - `keras_attn.MultiHeadAttention` vs `keras.layers.MultiHeadAttention` (8 heads),
   training step and inference, at B32xL128xd256, B8xL512xd512, B2xL2048xd256;
-- `keras_attn.TransformerEncoderBlock` vs keras-hub's `TransformerEncoder`
+- `keras_attn.TransformerEncoder` vs keras-hub's `TransformerEncoder`
   (skipped with a message when keras-hub is not installed);
 - each in float32 and under `mixed_bfloat16` (training rows under
   `mixed_bfloat16` also time Keras' layer in float32);
@@ -45,7 +45,7 @@ PEERS = {
     "mha": "keras.layers.MultiHeadAttention",
     "encoder": "keras_hub.layers.TransformerEncoder",
 }
-OURS = {"mha": "keras_attn.MultiHeadAttention", "encoder": "keras_attn.TransformerEncoderBlock"}
+OURS = {"mha": "keras_attn.MultiHeadAttention", "encoder": "keras_attn.TransformerEncoder"}
 SETTINGS = {
     "full": dict(
         repeats=9,  # interleaved repeats per row

@@ -10,14 +10,15 @@ A dataset is one of two kinds, and the examples say which one they trained on:
   error with instructions, never a silent fallback to something else.
 """
 
+import quiet  # noqa: F401  (first: hides TensorFlow's start-up notices)
+
+# isort: split
 import argparse
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow_datasets as tfds
 
-import tensorflow_datasets as tfds  # noqa: E402
-
-import keras_attn.models.datasets  # noqa: E402  (registers the keras_attn_* builders)
+import keras_attn.models.datasets  # registers the keras_attn_* builders
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -95,11 +96,12 @@ def load(name, split, data_dir=None, download=False):
             with_info=True,
         )
     except AssertionError as error:  # tfds: "could not find data in ..." (download=False)
+        where = tfds.builder(name, data_dir=data_dir).data_dir  # where tfds looked
+        default = "" if data_dir else " (tfds' default data_dir, $TFDS_DATA_DIR if set)"
         raise SystemExit(
-            f"The tfds dataset {name!r} is not prepared in "
-            f"{data_dir or '$TFDS_DATA_DIR or ~/tensorflow_datasets'}.\n"
-            "Run again with --download (needs internet access once), or point --data-dir at "
-            "a folder where it is prepared."
+            f"The tfds dataset {name!r} is not prepared in {where}{default}.\n"
+            "Run again with --download to prepare it there (needs internet access once), or "
+            f"prepare it with `tfds build {name} --data_dir DIR` and pass --data-dir DIR."
         ) from error
 
 

@@ -9,15 +9,15 @@ right slot; the same model with mean pooling instead of attention cannot.
     python examples/demo.py --epochs 3 # quicker, a little less accurate
 """
 
+import quiet  # noqa: F401  (first: hides TensorFlow's start-up notices)
+
+# isort: split
 import argparse
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import keras_attn  # noqa: E402
+import keras_attn
 
 NUM_KEYS, NUM_VALUES, MAX_PAIRS = 50, 20, 12
 

@@ -9,7 +9,7 @@ from keras_attn.bilinear_attention import BilinearAttention
 from keras_attn.cache import KVCache
 from keras_attn.dot_attention import DotAttention, ScaledDotAttention
 from keras_attn.embeddings import TokenAndPositionEmbedding
-from keras_attn.grouped_query_attention import GroupedQueryAttention
+from keras_attn.grouped_query_attention import GroupedQueryAttention, GroupQueryAttention
 from keras_attn.hard_attention import HardAttention
 from keras_attn.key_value_attention import KeyValueAttention
 from keras_attn.multi_head_attention import MultiHeadAttention
@@ -20,10 +20,18 @@ from keras_attn.pooling import AttentionPooling
 # PositionBias: the base class of the position biases (importable; not a layer to use as is,
 # so not in __all__).
 from keras_attn.position_bias import AlibiBias, PositionBias, RelativePositionBias  # noqa: F401
-from keras_attn.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
+# The former names of the positions and blocks (subclasses registered under them, so the files
+# saved under them load): importable, not in __all__.
+from keras_attn.positional import (  # noqa: F401
+    LearnedPositionalEmbedding,
+    PositionEmbedding,
+    SinePositionEncoding,
+    SinusoidalPositionalEncoding,
+)
 from keras_attn.rotary import RotaryEmbedding
-from keras_attn.transformer import FeedForward, TransformerEncoderBlock
-from keras_attn.transformer_decoder import TransformerDecoderBlock
+from keras_attn.transformer import FeedForward, TransformerEncoder, TransformerEncoderBlock  # noqa: F401
+from keras_attn.transformer_decoder import TransformerDecoder, TransformerDecoderBlock  # noqa: F401
 
 # The model zoo, `keras_attn.models`, is the repository's `models/` folder: an install maps
 # it under this package (setup.cfg's package_dir); in a source checkout (the repository
@@ -39,21 +47,22 @@ __all__ = [
     "BilinearAttention",
     "DotAttention",
     "FeedForward",
+    "GroupQueryAttention",
     "GroupedQueryAttention",
     "HardAttention",
     "KVCache",
     "KeyValueAttention",
-    "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "PointerAttention",
+    "PositionEmbedding",
     "RelativePositionBias",
     "RotaryEmbedding",
     "ScaledDotAttention",
     "ScoreAttention",
-    "SinusoidalPositionalEncoding",
+    "SinePositionEncoding",
     "TokenAndPositionEmbedding",
-    "TransformerDecoderBlock",
-    "TransformerEncoderBlock",
+    "TransformerDecoder",
+    "TransformerEncoder",
     "kernels",
     "masks",
     "ops",

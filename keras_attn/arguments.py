@@ -12,7 +12,8 @@ import keras
 import numpy as np
 
 
-def _is_int(value):
+def is_int(value):
+    """A Python or NumPy integer, not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
@@ -31,7 +32,7 @@ def check_positive_int(name, value, allow_none=False):
     """A positive integer (Python or NumPy), as a Python int; `None` if `allow_none`."""
     if value is None and allow_none:
         return None
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
     return int(value)
 
@@ -40,7 +41,7 @@ def check_positive_number(name, value):
     """A positive finite number (Python or NumPy), as a Python number."""
     if not _is_number(value) or not 0 < value < float("inf"):
         raise ValueError(f"`{name}` must be a positive number. Received: {name}={value!r}")
-    return int(value) if _is_int(value) else float(value)
+    return int(value) if is_int(value) else float(value)
 
 
 def check_rank(name, shape, ranks):
@@ -101,13 +102,31 @@ def sublayer_seed(seed, index):
 
 
 def serialize_optional_layer(layer):
-    """A sublayer argument (e.g. `rotary_embedding`) for `get_config`: `None` or its config."""
-    return None if layer is None else keras.saving.serialize_keras_object(layer)
+    """A sublayer argument (e.g. `rotary_embedding`) for `get_config`: `None` or its config.
+
+    A sublayer with weights may be shared by several layers (T5 shares one
+    `RelativePositionBias` across a stack). Keras marks the configs of an object
+    serialized twice with a `shared_object_id`, so that loading shares it again, but it
+    copies a layer's config before the next layer's marks the first one: here every
+    config of a sublayer with weights carries the mark (the same one again after a reload).
+    """
+    if layer is None:
+        return None
+    config = keras.saving.serialize_keras_object(layer)
+    if layer.weights:
+        config["shared_object_id"] = getattr(layer, "_shared_object_id", id(layer))
+    return config
 
 
 def deserialize_optional_layer(config, name):
-    """`from_config` side of `serialize_optional_layer`: rebuilds `config[name]` in a copy."""
+    """`from_config` side of `serialize_optional_layer`: rebuilds `config[name]` in a copy.
+
+    In `keras.saving.load_model`, the configs with one `shared_object_id` give one layer.
+    """
     config = dict(config)
     if isinstance(config.get(name), dict):
-        config[name] = keras.saving.deserialize_keras_object(config[name])
+        layer = keras.saving.deserialize_keras_object(config[name])
+        if "shared_object_id" in config[name]:
+            layer._shared_object_id = config[name]["shared_object_id"]
+        config[name] = layer
     return config

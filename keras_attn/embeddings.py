@@ -6,8 +6,8 @@ from keras import ops
 from keras_attn._typing import InitializerLike, RegularizerLike, TensorLike
 from keras_attn.arguments import check_positive_int, check_positive_number, clone_initializer
 from keras_attn.positional import (
-    LearnedPositionalEmbedding,
-    SinusoidalPositionalEncoding,
+    PositionEmbedding,
+    SinePositionEncoding,
     check_min_rank,
 )
 
@@ -37,8 +37,8 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         embeddings_initializer: of the token table, the reverse table and the
             learned position table (each gets its own copy).
         mask_zero: whether token id 0 is padding.
-        position: `"learned"` (`LearnedPositionalEmbedding`, keras-hub's only
-            kind) or `"sinusoidal"` (`SinusoidalPositionalEncoding`).
+        position: `"learned"` (`PositionEmbedding`, keras-hub's only
+            kind) or `"sinusoidal"` (`SinePositionEncoding`).
         embeddings_regularizer: of the token table.
         max_wavelength: of the sinusoidal encoding.
         **kwargs: base `keras.layers.Layer` arguments.
@@ -109,14 +109,14 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             name="token_embedding",
         )  # the output's mask is computed here, in compute_mask
         if position == "learned":
-            self.position_embedding = LearnedPositionalEmbedding(
+            self.position_embedding = PositionEmbedding(
                 self.sequence_length,
                 initializer=clone_initializer(self.embeddings_initializer),
                 dtype=self.dtype_policy,
                 name="position_embedding",
             )
         else:
-            self.position_embedding = SinusoidalPositionalEncoding(
+            self.position_embedding = SinePositionEncoding(
                 self.max_wavelength, dtype=self.dtype_policy, name="position_embedding"
             )
 

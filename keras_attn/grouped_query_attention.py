@@ -1,4 +1,4 @@
-"""`GroupedQueryAttention`: Keras' names for `MultiHeadAttention` with fewer key/value heads."""
+"""`GroupedQueryAttention` (`GroupQueryAttention`): Keras' GQA on our `MultiHeadAttention`."""
 
 import keras
 
@@ -8,11 +8,13 @@ from keras_attn.multi_head_shapes import check_size
 
 # Keys of MultiHeadAttention's config that GroupedQueryAttention names otherwise or fixes.
 _RENAMED = ("num_heads", "key_dim", "value_dim", "output_shape", "attention_axes")
+# MultiHeadAttention's public names of its projections, which Keras' GQA does not have.
+_PUBLIC_PROJECTIONS = ("query_dense", "key_dense", "value_dense", "output_dense")
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
 class GroupedQueryAttention(MultiHeadAttention):
-    """Grouped-query attention, a drop-in for `keras.layers.GroupedQueryAttention`.
+    """Grouped-query attention, a drop-in for `keras.layers.GroupQueryAttention`.
 
     `head_i = softmax(Q W_q^i (K W_k^{g(i)})^T / sqrt(d) + bias_i) V W_v^{g(i)}`
     with `g(i) = floor(i / (h / g))`: `h = num_query_heads` query heads share
@@ -24,8 +26,10 @@ class GroupedQueryAttention(MultiHeadAttention):
     `MultiHeadAttention(num_heads=h, key_dim=d, value_dim=d,
     num_key_value_heads=g)` under Keras' names: the same layer, the same
     weights (Keras' layout: weights copied from
-    `keras.layers.GroupedQueryAttention` with `set_weights` give the same
-    outputs), the same call, cache and guarantees (see `MultiHeadAttention`,
+    `keras.layers.GroupQueryAttention` with `set_weights` give the same
+    outputs; its `.weights.h5` and `.keras` files load with `load_weights`,
+    and ours into it: the class is named as Keras' class, and the weights lie
+    under Keras' paths), the same call, cache and guarantees (see `MultiHeadAttention`,
     also for the two documented differences from Keras: float masks are
     refused, and with `Tq != Tv` the causal mask is aligned to the end). The
     cache holds the `g` key/value heads, not `h` copies.
@@ -131,9 +135,32 @@ class GroupedQueryAttention(MultiHeadAttention):
             )
         return super().compute_output_shape(query_shape, value_shape, key_shape)
 
+    # Keras' saving walks `dir(layer)`, public names first, and files a sublayer under the
+    # first name that reaches it. Keras' GQA keeps its projections under `_query_dense`, ...
+    # only: with the public aliases hidden from `dir()`, our files have Keras' paths. While
+    # loading they are listed too (the walk tries every name until one loads), so a file
+    # written under them (by earlier versions) still loads; saving hides them again.
+    def __dir__(self):
+        names = super().__dir__()
+        if getattr(self, "_listing_public_projections", False):
+            return names
+        return [name for name in names if name not in _PUBLIC_PROJECTIONS]
+
+    def save_own_variables(self, store):
+        self._listing_public_projections = False
+        super().save_own_variables(store)
+
+    def load_own_variables(self, store):
+        self._listing_public_projections = True
+        super().load_own_variables(store)
+
     def get_config(self):
         config = super().get_config()
         for name in _RENAMED:
             config.pop(name)
         config.update(head_dim=self.head_dim, num_query_heads=self.num_query_heads)
         return config
+
+
+# Keras' public name (`keras.layers.GroupQueryAttention`, a class named `GroupedQueryAttention`).
+GroupQueryAttention = GroupedQueryAttention

@@ -417,12 +417,15 @@ def visible_query_rows(
         if value_mask is None:
             seen = nonempty
         else:
-            counts = ops.cumsum(ops.cast(value_mask, "int32"), axis=-1)  # (B, Tv)
-            last = value_length - 1
-            upto_hi = ops.take(counts, ops.clip(hi, 0, last), axis=-1)  # (B, Tq)
-            below_lo = ops.take(counts, ops.clip(lo - 1, 0, last), axis=-1)
-            below_lo = ops.where(ops.expand_dims(lo > 0, 0), below_lo, 0)
-            seen = ops.logical_and(upto_hi - below_lo > 0, nonempty)
+            # before[:, j]: the visible keys at positions < j, (B, Tv + 1); keys in [lo, hi]:
+            # before[hi + 1] - before[lo]. No clip of the int indices to constants: TFLite
+            # lowers one to [0, 6] to Relu6, which is no builtin op on int32.
+            counts = ops.cumsum(ops.cast(value_mask, "int32"), axis=-1)
+            before = ops.pad(counts, ((0, 0), (1, 0)))
+            upto = ops.maximum(hi + 1, 0)  # (Tq,) in [0, Tv], as hi <= Tv - 1
+            first = ops.minimum(lo, upto)  # lo > hi + 1: an empty row anyway
+            count = ops.take(before, upto, axis=-1) - ops.take(before, first, axis=-1)  # (B, Tq)
+            seen = ops.logical_and(count > 0, nonempty)
     elif value_mask is not None:
         seen = ops.any(value_mask, axis=-1, keepdims=True)  # (B, 1)
     elif not isinstance(value_length, int):  # a length known only at run time may be 0

@@ -468,11 +468,25 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             `(B, g, Tv, value_dim)` and `valid` the `value_mask` (bool
             `(B, Tv)`, `None` meaning all real), to pass as `cache=` with
             `cache_update_index=None`.
+
+        Raises:
+            ValueError: a layer with a `position_bias` or a `sliding_window`:
+                both compare a query's position with the keys', and a step
+                through a cross-attention cache has no position in the source
+                (the blocks apply both to the self-attention only).
         """
         if not self.built:
             raise ValueError(
                 "Call the layer once (or `build` it) before `compute_cache`, so "
                 "its projections exist."
+            )
+        if self.position_bias is not None or self.sliding_window is not None:
+            raise ValueError(
+                "A cross-attention cache has no query positions for a position bias or a "
+                "sliding window to compare with the source's: use this layer's self-attention "
+                "cache (`cache_update_index=`), or a cross-attention layer without them. "
+                f"Received: position_bias={self.position_bias!r}, "
+                f"sliding_window={self.sliding_window!r}"
             )
         key = value if key is None else key
         k = self._heads(self._rotate(self._key_dense(key)))  # (B, g, Tv, dk)

@@ -119,11 +119,17 @@ class AlibiBias(PositionBias):
     position embedding is needed, and models extrapolate to longer
     sequences than they were trained on.
 
-    Called on scores, as keras-hub's `AlibiBias`, it returns
-    `scores + bias` (the queries end-aligned: with one query, the last
-    position, which gives keras-hub's values exactly). Passed to
-    `keras_attn.MultiHeadAttention(position_bias=AlibiBias())`, the kernels
-    evaluate it per key block and at a cache's positions.
+    Two forms, one per use:
+
+    - passed to a layer (`keras_attn.MultiHeadAttention(position_bias=
+      AlibiBias())`, the blocks, `ops.attention(bias=...)`): the bias above,
+      `-m_h |p_i - j|` (`bias()`), which the kernels evaluate per key block
+      and at a cache's positions;
+    - called on scores, as keras-hub's `AlibiBias`: keras-hub's values,
+      `scores - m_h (Tv - 1 - j)` on every query row (the bias of the last
+      position, whatever the row). Under a causal mask both give the same
+      attention weights (they differ by a constant per row, which the softmax
+      cancels); without one they differ.
 
     Args:
         alibi_bias_max: the exponent range of the slopes (keras-hub's name);
@@ -132,16 +138,19 @@ class AlibiBias(PositionBias):
 
     Call arguments:
         attention_scores: `(B, h, Tq, Tv)`.
-        query_start: see `PositionBias`.
 
     Returns:
-        `attention_scores + bias`, same shape and dtype.
+        `attention_scores - m_h (Tv - 1 - j)` (keras-hub's values), same shape
+        and dtype.
 
     Example:
 
     >>> scores = keras.ops.zeros((1, 2, 1, 3))
     >>> print(keras.ops.convert_to_numpy(keras_attn.AlibiBias()(scores))[0, :, 0].tolist())
     [[-0.125, -0.0625, 0.0], [-0.0078125, -0.00390625, 0.0]]
+    >>> bias = keras_attn.AlibiBias().bias(2, 3, num_heads=1)  # in a layer: -m |p_i - j|
+    >>> print(keras.ops.convert_to_numpy(bias).tolist())
+    [[[-0.00390625, -0.0, -0.00390625], [-0.0078125, -0.00390625, -0.0]]]
 
     Reference:
         Press, Smith & Lewis, 2022, "Train Short, Test Long: Attention with
@@ -161,6 +170,18 @@ class AlibiBias(PositionBias):
         )[:, None, None]
         distance = ops.abs(query_positions[:, None] - key_positions[None, :])
         return -slopes * ops.cast(distance, "float32")[None]
+
+    def call(self, attention_scores: TensorLike) -> TensorLike:
+        """keras-hub's values: the bias of the last query position on every row."""
+        shape = attention_scores.shape
+        if len(shape) != 4:
+            raise ValueError(
+                "`attention_scores` must have shape (batch_size, num_heads, query_length, "
+                f"key_length). Received: attention_scores.shape={tuple(shape)}"
+            )
+        key_length = ops.shape(attention_scores)[-1]
+        bias = self.bias(1, key_length, num_heads=shape[1])  # (h, 1, Tv): query at Tv - 1
+        return ops.add(attention_scores, ops.cast(bias[None], attention_scores.dtype))
 
     def get_config(self):
         config = super().get_config()

@@ -111,7 +111,7 @@ def broadcast_encoding(encoding, inputs):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class SinusoidalPositionalEncoding(PositionLayer):
+class SinePositionEncoding(PositionLayer):
     """Fixed sinusoidal position encoding (Vaswani et al.), sin and cos interleaved.
 
     `PE(pos, 2i) = sin(pos / max_wavelength^(2i/d))`,
@@ -138,9 +138,9 @@ class SinusoidalPositionalEncoding(PositionLayer):
     Example:
 
     >>> x = keras.random.normal((2, 10, 16))
-    >>> print(keras_attn.SinusoidalPositionalEncoding()(x).shape)
+    >>> print(keras_attn.SinePositionEncoding()(x).shape)
     (2, 10, 16)
-    >>> pe = keras_attn.SinusoidalPositionalEncoding()(x[:, :2], positions=np.array([7, 3]))
+    >>> pe = keras_attn.SinePositionEncoding()(x[:, :2], positions=np.array([7, 3]))
     >>> print(pe.shape)  # the encodings of positions 7 and 3
     (2, 2, 16)
 
@@ -184,7 +184,7 @@ class SinusoidalPositionalEncoding(PositionLayer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class LearnedPositionalEmbedding(PositionLayer):
+class PositionEmbedding(PositionLayer):
     """Learned absolute position embedding: `PE(pos) = P[pos]`.
 
     A trainable table `P` (the attribute `position_embeddings`, a variable
@@ -222,7 +222,7 @@ class LearnedPositionalEmbedding(PositionLayer):
     Example:
 
     >>> x = keras.random.normal((2, 10, 16))
-    >>> layer = keras_attn.LearnedPositionalEmbedding(sequence_length=64)
+    >>> layer = keras_attn.PositionEmbedding(sequence_length=64)
     >>> print(layer(x).shape, layer.position_embeddings.shape)
     (2, 10, 16) (64, 16)
     >>> print(layer(x[:, :2], positions=np.array([5, 9])).shape)
@@ -341,3 +341,25 @@ class LearnedPositionalEmbedding(PositionLayer):
             initializer=keras.initializers.serialize(self.initializer),
         )
         return config
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class SinusoidalPositionalEncoding(SinePositionEncoding):
+    """`SinePositionEncoding` under its former name: the files saved under that name load.
+
+    The same layer. Keras keys a model's weights by each layer's snake-cased
+    class name, so this subclass keeps `sinusoidal_positional_encoding` for the `.keras`
+    and weights files written before the rename; new code writes
+    `SinePositionEncoding`, whose files load into keras-hub's and back.
+    """
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class LearnedPositionalEmbedding(PositionEmbedding):
+    """`PositionEmbedding` under its former name: the files saved under that name load.
+
+    The same layer. Keras keys a model's weights by each layer's snake-cased
+    class name, so this subclass keeps `learned_positional_embedding` for the `.keras`
+    and weights files written before the rename; new code writes
+    `PositionEmbedding`, whose files load into keras-hub's and back.
+    """

@@ -1,4 +1,4 @@
-"""Transformer building blocks: `FeedForward` and `TransformerEncoderBlock`.
+"""Transformer building blocks: `FeedForward` and `TransformerEncoder`.
 
 Each sublayer of a block (self-attention, cross-attention, feed-forward) is
 wrapped in a residual connection and layer normalization, post-norm as in the
@@ -123,7 +123,7 @@ class FeedForward(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerEncoderBlock(TransformerBlock):
+class TransformerEncoder(TransformerBlock):
     __doc__ = (
         """Transformer encoder block: self-attention and feed-forward, each with Add & Norm.
 
@@ -158,7 +158,7 @@ class TransformerEncoderBlock(TransformerBlock):
 
     >>> tokens = keras.Input((12,), dtype="int32")
     >>> x = keras_attn.TokenAndPositionEmbedding(100, 12, 32)(tokens)
-    >>> x = keras_attn.TransformerEncoderBlock(intermediate_dim=64, num_heads=4)(x)
+    >>> x = keras_attn.TransformerEncoder(intermediate_dim=64, num_heads=4)(x)
     >>> print(x.shape)
     (None, 12, 32)
 
@@ -228,3 +228,14 @@ class TransformerEncoderBlock(TransformerBlock):
         batch, length = inputs.shape[0], inputs.shape[1]
         weights = keras.KerasTensor((batch, self.num_heads, length, length), self.compute_dtype)
         return output, weights
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerEncoderBlock(TransformerEncoder):
+    """`TransformerEncoder` under its former name: the files saved under that name load.
+
+    The same layer. Keras keys a model's weights by each layer's snake-cased
+    class name, so this subclass keeps `transformer_encoder_block` for the `.keras`
+    and weights files written before the rename; new code writes
+    `TransformerEncoder`, whose files load into keras-hub's and back.
+    """

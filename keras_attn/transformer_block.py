@@ -1,4 +1,4 @@
-"""What `TransformerEncoderBlock` and `TransformerDecoderBlock` share.
+"""What `TransformerEncoder` and `TransformerDecoder` share.
 
 Arguments, sublayers and Add & Norm, with keras-hub's argument order, names
 and weight order (`keras_hub.layers.TransformerEncoder` / `TransformerDecoder`),

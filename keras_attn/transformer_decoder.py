@@ -1,4 +1,4 @@
-"""`TransformerDecoderBlock`: masked self-attention, cross-attention, feed-forward."""
+"""`TransformerDecoder`: masked self-attention, cross-attention, feed-forward."""
 
 import keras
 from keras import ops
@@ -39,7 +39,7 @@ def _written(cache, index):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class TransformerDecoderBlock(TransformerBlock):
+class TransformerDecoder(TransformerBlock):
     __doc__ = (
         """Transformer decoder block: causal self-attention, cross-attention, feed-forward.
 
@@ -109,7 +109,7 @@ class TransformerDecoderBlock(TransformerBlock):
 
     >>> enc = keras.random.normal((2, 7, 16))
     >>> dec = keras.random.normal((2, 5, 16))
-    >>> block = keras_attn.TransformerDecoderBlock(intermediate_dim=32, num_heads=2)
+    >>> block = keras_attn.TransformerDecoder(intermediate_dim=32, num_heads=2)
     >>> print(block(dec, enc).shape)
     (2, 5, 16)
 
@@ -392,3 +392,14 @@ class TransformerDecoderBlock(TransformerBlock):
         for cache in caches:
             outputs.append(spec(cache) if _is_stacked(cache) else KVCache(*map(spec, cache)))
         return tuple(outputs)
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class TransformerDecoderBlock(TransformerDecoder):
+    """`TransformerDecoder` under its former name: the files saved under that name load.
+
+    The same layer. Keras keys a model's weights by each layer's snake-cased
+    class name, so this subclass keeps `transformer_decoder_block` for the `.keras`
+    and weights files written before the rename; new code writes
+    `TransformerDecoder`, whose files load into keras-hub's and back.
+    """

@@ -18,6 +18,7 @@ directories and delete them (docs/training.md).
 """
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -100,8 +101,19 @@ def _sizes(text):
     return text
 
 
+def _version():
+    """The installed keras-attn's version, read without importing it (and TensorFlow)."""
+    try:
+        return importlib.metadata.version("keras-attn")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on the path, not installed
+        import keras_attn
+
+        return keras_attn.__version__
+
+
 def _parser():
     parser = _Parser(prog="keras-attn", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="the tasks, each a zoo model and a dataset, their defaults")
     train = commands.add_parser(

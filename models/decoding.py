@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
+from keras_attn.arguments import is_int
 from keras_attn.models.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
 from keras_attn.models.rnn_seq2seq import RNNDecodingSteps
 from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tokens
@@ -119,15 +120,21 @@ def decoding_steps(model: keras.Model) -> Any:
     )
 
 
-def check_lengths(max_length: int, start_id: int | None, end_id: int | None) -> None:
-    """`ValueError` unless `max_length` is a positive int and the token ids positive (or None)."""
-    if not isinstance(max_length, int) or max_length <= 0:
+def check_lengths(
+    max_length: int, start_id: int | None, end_id: int | None
+) -> tuple[int, int | None, int | None]:
+    """The arguments as Python ints (NumPy ones taken), or `ValueError` naming the bad one.
+
+    `max_length` must be a positive integer, the token ids positive (or None).
+    """
+    if not is_int(max_length) or max_length <= 0:
         raise ValueError(f"`max_length` must be a positive integer. Received: {max_length!r}")
     for name, value in (("start_id", start_id), ("end_id", end_id)):
-        if value is not None and (not isinstance(value, int) or value <= 0):
+        if value is not None and (not is_int(value) or value <= 0):
             raise ValueError(
                 f"`{name}` must be a positive token id (0 is padding). Received: {value!r}"
             )
+    return int(max_length), *(None if v is None else int(v) for v in (start_id, end_id))
 
 
 def first_tokens(steps: Any, encoder_inputs: TensorLike, start_id: int | None) -> TensorLike:
@@ -190,7 +197,7 @@ def greedy_decode(
     >>> print(greedy_decode(model, np.ones((2, 7), "int32"), max_length=4, start_id=1).shape)
     (2, 4)
     """
-    check_lengths(max_length, start_id, end_id)
+    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
     steps = steps or decoding_steps(model)
 
     def choose(logits, index):
@@ -250,8 +257,8 @@ def sample_decode(
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration",
         https://arxiv.org/abs/1904.09751 (top-p)
     """
-    check_lengths(max_length, start_id, end_id)
-    check_sampling(temperature, top_k, top_p, seed)
+    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
+    temperature, top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
     steps = steps or decoding_steps(model)
     batch = ops.shape(ops.convert_to_tensor(encoder_inputs))[0]
     uniform = keras.random.uniform((max_length, batch), seed=seed)  # one draw per step and row
@@ -341,11 +348,12 @@ def beam_search(
         Wu et al., 2016, "Google's Neural Machine Translation System",
         https://arxiv.org/abs/1609.08144 (length penalty)
     """
-    check_lengths(max_length, start_id, end_id)
+    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
     if end_id is None:
         raise ValueError("`end_id` (the end-of-sequence token) is required by beam search.")
-    if not isinstance(beam_width, int) or beam_width <= 0:
+    if not is_int(beam_width) or beam_width <= 0:
         raise ValueError(f"`beam_width` must be a positive integer. Received: {beam_width!r}")
+    beam_width = int(beam_width)
     steps = decoding_steps(model)
     source = np.asarray(encoder_inputs, "int32")
     batch, width = source.shape[0], beam_width

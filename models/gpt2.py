@@ -33,7 +33,7 @@ def from_gpt2_backbone(backbone, sequence_length: int | None = None, **kwargs) -
       names and weight order (query, key, value, output kernels and biases,
       `self_attention_layer_norm`, `feedforward_intermediate_dense`,
       `feedforward_output_dense`, `feedforward_layer_norm`):
-      `TransformerDecoderBlock` is a drop-in for keras-hub's
+      `TransformerDecoder` is a drop-in for keras-hub's
       `TransformerDecoder`, so `set_weights(get_weights())` copies a block;
     - `layer_norm` -> `final_norm`;
 

@@ -80,7 +80,7 @@ def generate(
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
-    decoding.check_lengths(max_length, None, end_id)
+    max_length, _, end_id = decoding.check_lengths(max_length, None, end_id)
     if not LanguageModelSteps.matches(model):
         raise ValueError(
             "`model` must be built by keras_attn.models.transformer_lm. "

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from keras_attn._typing import TensorLike
+from keras_attn.arguments import is_int
 from keras_attn.models.geometry import open_polygon
 
 # ---------------------------------------------------------------------------
@@ -77,11 +78,12 @@ def pointer_decode(
         raise ValueError(f"`points` must have rank 3. Received: points.shape={points.shape}")
     batch, num_points = points.shape[:2]
     steps = num_points if steps is None else steps
-    if not isinstance(steps, int) or steps <= 0 or (constrained and steps > num_points):
+    if not is_int(steps) or steps <= 0 or (constrained and steps > num_points):
         raise ValueError(
             "`steps` must be a positive integer, at most the number of points "
             f"({num_points}) when constrained. Received: steps={steps!r}"
         )
+    steps = int(steps)
     pointers = np.full((batch, steps), -1, "int32")
     chosen = np.zeros((batch, num_points), bool)
     rows = np.arange(batch)

@@ -25,7 +25,7 @@ def _transformer_encoder(points, units, num_layers=2, num_heads=4):
     """
     x = keras.layers.Dense(units, name="encoder_projection")(points)  # (B, N, units)
     for i in range(num_layers):
-        x = keras_attn.TransformerEncoderBlock(
+        x = keras_attn.TransformerEncoder(
             2 * units, num_heads, name=f"encoder_block_{i}"
         )(x)  # fmt: skip
     pooled = keras.layers.GlobalAveragePooling1D(name="encoder_pooling")(x)  # (B, units)
@@ -81,7 +81,7 @@ def pointer_network(
             for planar convex hull).
         units: width of the encoder and decoder LSTMs.
         encoder: `"lstm"` (as in the paper: reads the points in order) or
-            `"transformer"` (two `TransformerEncoderBlock`s without positional
+            `"transformer"` (two `TransformerEncoder`s without positional
             encoding: the set's order does not matter, so permuting the
             input points permutes the output distribution the same way;
             `units` must be divisible by 4, the number of heads).

@@ -16,6 +16,7 @@ import keras
 from keras import ops
 
 from keras_attn._typing import TensorLike
+from keras_attn.arguments import is_int
 
 
 def greedy_tokens(logits: TensorLike) -> TensorLike:
@@ -33,7 +34,7 @@ def greedy_tokens(logits: TensorLike) -> TensorLike:
 
 
 def check_sampling(temperature, top_k, top_p, seed):
-    """Raises `ValueError` naming the first bad sampling argument."""
+    """The arguments, integers as Python ints (NumPy ones taken), or `ValueError` naming one."""
     if (
         isinstance(temperature, bool)
         or not isinstance(temperature, numbers.Real)
@@ -44,14 +45,16 @@ def check_sampling(temperature, top_k, top_p, seed):
             "`temperature` must be a positive finite number (for temperature 0 use "
             f"greedy decoding). Received: temperature={temperature!r}"
         )
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (not is_int(top_k) or top_k < 1):
         raise ValueError(f"`top_k` must be None or a positive integer. Received: top_k={top_k!r}")
     if top_p is not None and (
         isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1
     ):
         raise ValueError(f"`top_p` must be None or a number in (0, 1]. Received: top_p={top_p!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+    if seed is not None and (not is_int(seed)):
         raise ValueError(f"`seed` must be None or an integer. Received: seed={seed!r}")
+    top_k, seed = (None if value is None else int(value) for value in (top_k, seed))
+    return temperature, top_k, top_p, seed
 
 
 def sample_tokens(

@@ -97,7 +97,7 @@ def seq2seq_archive(model, max_length, start_id, end_id=None):
         `(archive, decoder)`: `decoder(encoder_inputs)` is the greedy decoding function
         (a `tf.function` on TensorFlow), for more endpoints built on it.
     """
-    check_lengths(max_length, start_id, end_id)
+    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
     backend = keras.backend.backend()
     if backend not in ("tensorflow", "jax"):
         raise ValueError(

@@ -73,7 +73,7 @@ def transformer_classifier(
     )(tokens)
     x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
     for i in range(num_layers):
-        x = keras_attn.TransformerEncoderBlock(
+        x = keras_attn.TransformerEncoder(
             intermediate_dim,
             num_heads,
             dropout=dropout,

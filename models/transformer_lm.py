@@ -122,17 +122,17 @@ def transformer_lm(
     if position in _EMBEDDED:
         positions = TokenPositions(name="positions")(tokens)  # (B, T)
         if position == "learned":
-            embedding = keras_attn.LearnedPositionalEmbedding(
+            embedding = keras_attn.PositionEmbedding(
                 sequence_length, name="position_embedding"
             )
         else:
-            embedding = keras_attn.SinusoidalPositionalEncoding(
+            embedding = keras_attn.SinePositionEncoding(
                 max_wavelength, name="position_embedding"
             )
         x = keras.layers.Add(name="embeddings_add")([x, embedding(x, positions=positions)])
     x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
     for i in range(num_layers):
-        x = keras_attn.TransformerDecoderBlock(
+        x = keras_attn.TransformerDecoder(
             intermediate_dim,
             num_heads,
             dropout=dropout,
@@ -254,7 +254,7 @@ class LanguageModelSteps:
         )
         self.norm = model.get_layer("final_norm") if "final_norm" in names else None
         self.vocab_size = self.token_embedding.input_dim
-        learned = isinstance(self.position_embedding, keras_attn.LearnedPositionalEmbedding)
+        learned = isinstance(self.position_embedding, keras_attn.PositionEmbedding)
         self.sequence_length = self.position_embedding.sequence_length if learned else None
         self._max_length = None
 

@@ -74,7 +74,7 @@ def transformer_seq2seq(
     )(encoder_inputs)
     x = keras.layers.Dropout(dropout, name="encoder_embedding_dropout")(x)
     for i in range(num_layers):
-        x = keras_attn.TransformerEncoderBlock(
+        x = keras_attn.TransformerEncoder(
             intermediate_dim, num_heads, dropout=dropout, normalize_first=normalize_first,
             attention_dropout=0.0, name=f"encoder_block_{i}",
         )(x)  # fmt: skip
@@ -92,7 +92,7 @@ def transformer_seq2seq(
     )(decoder_inputs)
     y = keras.layers.Dropout(dropout, name="decoder_embedding_dropout")(y)
     for i in range(num_layers):
-        y = keras_attn.TransformerDecoderBlock(
+        y = keras_attn.TransformerDecoder(
             intermediate_dim, num_heads, dropout=dropout, normalize_first=normalize_first,
             attention_dropout=0.0, name=f"decoder_block_{i}",
         )(y, x)  # fmt: skip

@@ -106,12 +106,12 @@ def position_setup(make, rank=3, even=False):
 
 
 def sinusoidal(pick, length):
-    layer = ka.SinusoidalPositionalEncoding(max_wavelength=100, dtype=pick.choice(POLICIES))
+    layer = ka.SinePositionEncoding(max_wavelength=100, dtype=pick.choice(POLICIES))
     return layer, {"start_index": pick.int(0, 5)}
 
 
 def learned(pick, length):
-    layer = ka.LearnedPositionalEmbedding(sequence_length=8, dtype=pick.choice(POLICIES))
+    layer = ka.PositionEmbedding(sequence_length=8, dtype=pick.choice(POLICIES))
     return layer, {"start_index": pick.int(0, 8 - length)}
 
 
@@ -182,7 +182,7 @@ def encoder_setup(pick):
     if training:
         kwargs["training"] = True
     return Setup(
-        ka.TransformerEncoderBlock(intermediate_dim=16, num_heads=2, **options),
+        ka.TransformerEncoder(intermediate_dim=16, num_heads=2, **options),
         {"inputs": normal(pick, batch, length, WIDTH), "padding_mask": mask},
         kwargs,
         padding={"inputs": "padding_mask"},
@@ -217,7 +217,7 @@ def decoder_setup(pick):
     if training:
         kwargs["training"] = True
     return Setup(
-        ka.TransformerDecoderBlock(intermediate_dim=16, num_heads=2, **options),
+        ka.TransformerDecoder(intermediate_dim=16, num_heads=2, **options),
         inputs,
         kwargs,
         padding=padding,

@@ -314,15 +314,15 @@ TABLE = {
         pooling_cases(),
         kit={"AttentionPooling": pooling_setup},
     ),
-    "SinusoidalPositionalEncoding": Entry(
-        maker(ka.SinusoidalPositionalEncoding, max_wavelength=100),
+    "SinePositionEncoding": Entry(
+        maker(ka.SinePositionEncoding, max_wavelength=100),
         sequence_cases(4, 5, WIDTH, start_index=2),
-        kit={"SinusoidalPositionalEncoding": position_setup(sinusoidal)},
+        kit={"SinePositionEncoding": position_setup(sinusoidal)},
     ),
-    "LearnedPositionalEmbedding": Entry(
-        maker(ka.LearnedPositionalEmbedding, sequence_length=8),
+    "PositionEmbedding": Entry(
+        maker(ka.PositionEmbedding, sequence_length=8),
         sequence_cases(4, 5, WIDTH, start_index=1),
-        kit={"LearnedPositionalEmbedding": position_setup(learned)},
+        kit={"PositionEmbedding": position_setup(learned)},
     ),
     "RotaryEmbedding": Entry(
         maker(ka.RotaryEmbedding),
@@ -346,17 +346,17 @@ TABLE = {
         sequence_cases(4, 5, WIDTH),
         kit={"FeedForward": position_setup(feed_forward)},
     ),
-    "TransformerEncoderBlock": Entry(
+    "TransformerEncoder": Entry(
         grouped_rotary(
-            ka.TransformerEncoderBlock, 16, 2, heads=2, normalize_first=True, activation=SMOOTH
+            ka.TransformerEncoder, 16, 2, heads=2, normalize_first=True, activation=SMOOTH
         ),
         encoder_cases(),
-        kit={"TransformerEncoderBlock": encoder_setup},
+        kit={"TransformerEncoder": encoder_setup},
     ),
-    "TransformerDecoderBlock": Entry(
-        grouped_rotary(ka.TransformerDecoderBlock, 16, 2, heads=2, activation=SMOOTH),
+    "TransformerDecoder": Entry(
+        grouped_rotary(ka.TransformerDecoder, 16, 2, heads=2, activation=SMOOTH),
         decoder_cases(),
-        kit={"TransformerDecoderBlock": decoder_setup},
+        kit={"TransformerDecoder": decoder_setup},
         decoding={"cross-attention": Decoding(encoder=True), "decoder-only": Decoding()},
     ),
 }

@@ -323,7 +323,7 @@ def assert_cached_decoding_agrees(
     tensor index), `contents` at the padded steps of the sequence and source;
     at the real steps the outputs must be the full pass's. `layer`: a
     `keras_attn.MultiHeadAttention` (`cache=`, `cache_update_index=`) or a
-    `keras_attn.TransformerDecoderBlock` (`self_attention_cache=`, ...).
+    `keras_attn.TransformerDecoder` (`self_attention_cache=`, ...).
 
     Args:
         layer: the layer; built by the full pass if it is not.

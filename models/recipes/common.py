@@ -296,10 +296,16 @@ def load_supervised(name, split, settings):
             read_config=loading.read_config(),
         ).with_options(options)
     except (AssertionError, FileNotFoundError) as error:  # tfds: "could not find data"
+        where = tfds.builder(name, data_dir=settings.data_dir).data_dir  # where tfds looked
+        root = (
+            "--data-dir" if settings.data_dir else "tfds' default data_dir, $TFDS_DATA_DIR if set"
+        )
         raise FileNotFoundError(
-            f"The tfds dataset {name!r} is not prepared in data_dir={settings.data_dir!r}. "
-            "keras-attn does not download unless asked: pass --download (needs network), "
-            "or run a task on one of the local datasets (`keras-attn list`)."
+            f"The tfds dataset {name!r} is not prepared in {where} (under {root}). "
+            "keras-attn does not download unless asked: pass --download to prepare it there "
+            "(needs network once), or prepare it elsewhere with `tfds build "
+            f"{name} --data_dir DIR` and pass --data-dir DIR, or run a task on one of the "
+            "local datasets (`keras-attn list`)."
         ) from error
 
 

@@ -104,6 +104,8 @@ CASES = {
         ka.SinusoidalPositionalEncoding(max_wavelength=100), {"inputs": V}, start_index=2
     ),
     "LearnedPositionalEmbedding": lambda: _wrapped(ka.LearnedPositionalEmbedding(8), {"inputs": V}),
+    "SinePositionEncoding": lambda: _wrapped(ka.SinePositionEncoding(), {"inputs": V}),
+    "PositionEmbedding": lambda: _wrapped(ka.PositionEmbedding(8), {"inputs": V}),
     "RotaryEmbedding": lambda: _wrapped(ka.RotaryEmbedding(scaling_factor=2.0), {"inputs": V}),
     "TokenAndPositionEmbedding": lambda: _wrapped(
         ka.TokenAndPositionEmbedding(20, 8, 6, position="learned"), {"inputs": _tokens(2, 5, 20)}

@@ -15,7 +15,7 @@ from keras_attn.models import (
     rnn_seq2seq,
     transformer_seq2seq,
 )
-from keras_attn.models.decoding import register_decoding_steps
+from keras_attn.models.decoding import register_decoding_steps, sample_decode
 from model_checks import padded_tokens
 
 pytestmark = pytest.mark.jax_slow  # on TensorFlow and torch in CI
@@ -136,10 +136,12 @@ def exported_transformer(tmp_path_factory):
         "encoder_inputs": padded_tokens(rng, 3, 8, 12),
         "decoder_inputs": padded_tokens(rng, 3, 5, 12),
     }
+    # Length 7, a NumPy int: a clip of the int positions to [0, 6] lowered to Relu6 on int32,
+    # which TFLite's builtins lack (the test below); a config's lengths may be NumPy ints.
     return {
-        "path": export(model, tmp_path_factory.mktemp("transformer")),
+        "path": export(model, tmp_path_factory.mktemp("transformer"), max_length=np.int64(7)),
         "inputs": x,
-        "tokens": np_(greedy_decode(model, x["encoder_inputs"], 6, START, END)),
+        "tokens": np_(greedy_decode(model, x["encoder_inputs"], 7, START, END)),
         "logits": np_(model(x)),
     }
 
@@ -281,3 +283,21 @@ def test_decoding_argument_errors():
         beam_search(model, np.ones((1, 3), "int32"), 3, START, END, beam_width=0)
     with pytest.raises(ValueError, match="No decoding steps"):
         greedy_decode(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), [[1]], 3, 1)
+
+
+def test_decoders_take_numpy_integers_as_python_ones():
+    model = small_seq2seq()
+    source = padded_tokens(rng, 2, 6, 12)
+    i = np.int64
+    expected = np_(greedy_decode(model, source, 4, START, END))
+    np.testing.assert_array_equal(
+        np_(greedy_decode(model, source, i(4), i(START), i(END))), expected
+    )
+    tokens, scores = beam_search(model, source, 4, START, END, beam_width=2)
+    beam = beam_search(model, source, i(4), i(START), i(END), beam_width=np.int32(2))
+    np.testing.assert_array_equal(np_(beam[0]), np_(tokens))
+    np.testing.assert_allclose(np_(beam[1]), np_(scores), rtol=1e-6)
+    sampled = np_(sample_decode(model, source, 4, START, END, top_k=3, seed=7))
+    np.testing.assert_array_equal(
+        np_(sample_decode(model, source, i(4), i(START), i(END), top_k=i(3), seed=i(7))), sampled
+    )

@@ -1,6 +1,7 @@
 """The chunked (online-softmax) attention path equals the dense path: values and gradients."""
 
 import dataclasses
+import itertools
 
 import keras
 import numpy as np
@@ -265,6 +266,20 @@ def test_visible_query_rows_equals_the_merged_mask(tq, tv, causal_):
     got = ops.visible_query_rows(tq, tv, None, None, attention_mask, causal_)
     full = ops.compute_attention_mask(tq, tv, None, None, attention_mask, causal_)
     np.testing.assert_array_equal(np_(got), np_(ops.visible_rows(full)))
+
+
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_visible_query_rows_with_a_window_and_a_start_equals_the_brute_force_rows(window):
+    # Query starts past the keys too (a start of 9 with 1 to 7 keys): the indices stay in range.
+    for tq, tv, causal_, start in itertools.product((1, 6), (1, 4, 7), (True, False), (None, 2, 9)):
+        vm = rng.random((2, tv)) > 0.4
+        got = ops.visible_query_rows(tq, tv, None, vm, None, causal_, start, window)
+        p = np.arange(tq)[:, None] + (tv - tq if start is None else start)  # (Tq, 1)
+        j = np.arange(tv)[None]
+        sees = (j <= p) if causal_ else (j <= p + window - 1)
+        sees &= j >= p - window + 1
+        expected = np.any(vm[:, None, :] & sees[None], axis=-1, keepdims=True)
+        np.testing.assert_array_equal(np.broadcast_to(np_(got), (2, tq, 1)), expected)
 
 
 # -- MultiHeadAttention(implementation=...) ----------------------------------

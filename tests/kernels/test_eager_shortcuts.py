@@ -130,7 +130,7 @@ def test_a_nan_at_a_visible_key_still_reaches_the_rows_that_see_it_eagerly():
 
 def test_a_block_without_any_mask_equals_the_block_with_an_all_true_mask():
     x = keras.ops.convert_to_tensor(rng.normal(size=(2, 5, 16)).astype("float32"))
-    block = keras_attn.TransformerDecoderBlock(32, 2)
+    block = keras_attn.TransformerDecoder(32, 2)
     plain = block(x)
     masked = block(x, decoder_padding_mask=np.ones((2, 5), bool))
     np.testing.assert_allclose(np_(plain), np_(masked), atol=1e-6)

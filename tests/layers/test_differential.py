@@ -38,7 +38,7 @@ import keras_attn as ka
 from keras_attn import testing
 
 # The layers whose paths are checked in mixed_bfloat16 too (slow run).
-FULL_MATRIX = {"MultiHeadAttention", "TransformerEncoderBlock", "TransformerDecoderBlock"}
+FULL_MATRIX = {"MultiHeadAttention", "TransformerEncoder", "TransformerDecoder"}
 QUICK_POLICIES = ("float32", "mixed_float16")
 SLOW_POLICIES = tuple(p for p in testing.differential.POLICIES if p not in QUICK_POLICIES)
 # In CI on TensorFlow and torch (`jax_slow`: JAX compiles each of its many eager calls).

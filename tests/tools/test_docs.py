@@ -85,3 +85,9 @@ def test_readme_coming_from_keras_runs():
     exec(compile(snippet, "README coming from Keras", "exec"), namespace)
     for name in ("layer", "block"):
         assert type(namespace[name]).__module__.startswith("keras_attn")
+
+
+def test_readme_testing_snippet_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    (snippet,) = [b for b in blocks if "assert_padding_invariance" in b]
+    exec(compile(snippet, "README testing", "exec"), {})  # the check passes: no AssertionError

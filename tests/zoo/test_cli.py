@@ -106,6 +106,15 @@ def test_a_real_dataset_that_is_not_prepared_fails_fast_and_plainly(tmp_path, ca
     status, _, err = run(capsys, "train", "imdb-han", "--data-dir", str(tmp_path))
     assert status == 1
     assert "'imdb_reviews' is not prepared" in err and "--download" in err
+    # the directory it looked in, and how to prepare one
+    assert f"in {tmp_path}{os.sep}imdb_reviews" in err and "tfds build imdb_reviews" in err
+
+
+def test_version(capsys):
+    import keras_attn
+
+    status, out, _ = run(capsys, "--version")
+    assert status == 0 and out == f"keras-attn {keras_attn.__version__}\n"
 
 
 def test_unknown_task(capsys):

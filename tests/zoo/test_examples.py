@@ -7,7 +7,9 @@ temporary data dir. Nothing here downloads: `DownloadManager` raises if anything
 """
 
 import importlib
+import os
 import pathlib
+import subprocess
 import sys
 
 import numpy as np
@@ -209,3 +211,13 @@ def test_a_prepared_real_dataset_is_the_translation_default(examples, tmp_path, 
     assert translate.choose_dataset(args) == "ted_hrlr_translate/pt_to_en"
     args = translate.parse_args(["--dataset", "keras_attn_seq2seq/addition-1-5"])
     assert translate.choose_dataset(args) == "keras_attn_seq2seq/addition-1-5"
+
+
+def test_the_examples_start_without_tensorflows_notices():
+    # As a user's shell runs them (no TF_CPP_MIN_LOG_LEVEL): `common` imports `quiet` first.
+    environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    completed = subprocess.run(
+        [sys.executable, "-c", "import common, keras; print(keras.ops.ones(2) + 1)"],
+        cwd=EXAMPLES, env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert completed.returncode == 0 and completed.stderr == "", completed.stderr
