@@ -158,6 +158,13 @@ CASES = {
         ),
         {"tokens": _tokens(2, 4, 4)},
     ),
+    "transformer_lm(gelu_approximate)": lambda: (
+        zoo.transformer_lm(
+            15, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16, sequence_length=6,
+            activation=zoo.layers.gelu_approximate,
+        ),  # fmt: skip
+        {"tokens": _tokens(2, 6, 15)},
+    ),
     "pointer_network": lambda: (
         zoo.pointer_network(input_dim=1, units=8),
         {
@@ -229,6 +236,8 @@ def _registered_names(path):
     def walk(node):
         if isinstance(node, dict):
             name = node.get("registered_name")
+            if name == "function":  # a registered function: its name is the config
+                name = node.get("config")
             if isinstance(name, str) and name.startswith(PACKAGES):
                 names.add(name)
             for value in node.values():
