@@ -119,9 +119,7 @@ def _decoder_pair():
     peer = cases.keras_hub_or_none().layers.TransformerDecoder(
         intermediate_dim=INTERMEDIATE_DIM, num_heads=NUM_HEADS
     )
-    ours = keras_attn.TransformerDecoder(
-        intermediate_dim=INTERMEDIATE_DIM, num_heads=NUM_HEADS
-    )
+    ours = keras_attn.TransformerDecoder(intermediate_dim=INTERMEDIATE_DIM, num_heads=NUM_HEADS)
     peer.build((1, 1, DIM))
     ours.build((1, 1, DIM))
     ours.set_weights(peer.get_weights())

@@ -122,13 +122,9 @@ def transformer_lm(
     if position in _EMBEDDED:
         positions = TokenPositions(name="positions")(tokens)  # (B, T)
         if position == "learned":
-            embedding = keras_attn.PositionEmbedding(
-                sequence_length, name="position_embedding"
-            )
+            embedding = keras_attn.PositionEmbedding(sequence_length, name="position_embedding")
         else:
-            embedding = keras_attn.SinePositionEncoding(
-                max_wavelength, name="position_embedding"
-            )
+            embedding = keras_attn.SinePositionEncoding(max_wavelength, name="position_embedding")
         x = keras.layers.Add(name="embeddings_add")([x, embedding(x, positions=positions)])
     x = keras.layers.Dropout(dropout, name="embedding_dropout")(x)
     for i in range(num_layers):

@@ -160,7 +160,12 @@ CASES = {
     ),
     "transformer_lm(gelu_approximate)": lambda: (
         zoo.transformer_lm(
-            15, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16, sequence_length=6,
+            15,
+            num_layers=1,
+            num_heads=2,
+            d_model=8,
+            intermediate_dim=16,
+            sequence_length=6,
             activation=zoo.layers.gelu_approximate,
         ),  # fmt: skip
         {"tokens": _tokens(2, 6, 15)},
