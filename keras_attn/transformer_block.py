@@ -47,7 +47,9 @@ BLOCK_ARGS = """
 
         attention_dropout: dropout on the attention weights; `None` (default)
             means `dropout`, as keras-hub does.
-        key_dim: width of each head; defaults to `d_model / num_heads`.
+        key_dim: width of each head; defaults to `d_model // num_heads` (keras-hub's
+            rule: a width that `num_heads` does not divide, e.g. 256 with 3 heads, gets
+            heads of 85, and the output projection maps `3 * 85` back to 256).
         num_key_value_heads: grouped-query attention (see `MultiHeadAttention`).
         rotary_embedding: `None`, or a `keras_attn.RotaryEmbedding` applied to
             the queries and keys of the self-attention.
@@ -145,10 +147,11 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
                 f"`{name}` must have width {built_width}, the width this block was built for. "
                 f"Received: {name}.shape={tuple(shape)}"
             )
-        if self.key_dim is None and width % self.num_heads:
+        if self.key_dim is None and width < self.num_heads:
             raise ValueError(
-                f"The width of `{name}` ({width}) must be divisible by `num_heads` "
-                f"({self.num_heads}) when `key_dim` is not given."
+                f"The width of `{name}` ({width}) must be at least `num_heads` "
+                f"({self.num_heads}) when `key_dim` is not given: each head is "
+                "width // num_heads wide."
             )
         return width
 

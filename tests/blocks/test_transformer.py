@@ -150,8 +150,8 @@ def test_block_argument_errors():
         keras_attn.TransformerDecoderBlock(4, 2, normalize_first="yes")
     with pytest.raises(ValueError, match="implementation"):
         keras_attn.TransformerDecoderBlock(4, 2, implementation="flash")
-    with pytest.raises(ValueError, match="divisible by `num_heads`"):
-        keras_attn.TransformerEncoderBlock(intermediate_dim=4, num_heads=3)(X)
+    with pytest.raises(ValueError, match="at least `num_heads`"):
+        keras_attn.TransformerEncoderBlock(intermediate_dim=4, num_heads=64)(X)
     with pytest.raises(TypeError):  # our extras are keyword-only
         keras_attn.TransformerEncoderBlock(4, 2, 0.0, "relu", 1e-5, "glorot_uniform", "zeros",
                                            False, 0.0)  # fmt: skip

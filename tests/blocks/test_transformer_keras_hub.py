@@ -104,6 +104,19 @@ def test_decoder_loads_keras_hub_weights_and_gives_its_outputs(normalize_first):
     np.testing.assert_allclose(out[X_MASK], expected[X_MASK], atol=1e-5)
 
 
+def test_a_width_the_heads_do_not_divide_takes_keras_hubs_head_width():
+    """keras.io's GPT example: width 256, 3 heads of 85, projected back to 256 (here 16, 3)."""
+    ours, theirs = copied(keras_attn.TransformerDecoder(32, 3), hub.TransformerDecoder(32, 3), X)
+    assert ours._self_attention_layer.key_dim == X.shape[-1] // 3
+    expected = np_(theirs(X, decoder_padding_mask=X_MASK))
+    out = np_(ours(hostile(X, X_MASK), decoder_padding_mask=X_MASK))
+    np.testing.assert_allclose(out[X_MASK], expected[X_MASK], atol=1e-5)
+    ours, theirs = copied(keras_attn.TransformerEncoder(32, 3), hub.TransformerEncoder(32, 3), X)
+    expected = np_(theirs(X, padding_mask=X_MASK))
+    out = np_(ours(hostile(X, X_MASK), padding_mask=X_MASK))
+    np.testing.assert_allclose(out[X_MASK], expected[X_MASK], atol=1e-5)
+
+
 def test_decoder_only_loads_keras_hub_weights():
     ours, theirs = copied(
         keras_attn.TransformerDecoderBlock(16, 2), hub.TransformerDecoder(16, 2), X

@@ -98,9 +98,9 @@ RAISES = [
     ("TransformerDecoderBlock built for source width 8, encoder width 6",
      call_built(DECODER, (X, X), X, V),
      ValueError, r"`encoder_sequence` must have width 8, the width this block was built for"),
-    ("TransformerEncoderBlock width 6 not divisible by num_heads=4",
-     call(make(ka.TransformerEncoderBlock, 8, 4), V),
-     ValueError, r"The width of `inputs` \(6\) must be divisible by `num_heads` \(4\)"),
+    ("TransformerEncoder width 6 below num_heads=8",
+     call(make(ka.TransformerEncoder, 8, 8), V),
+     ValueError, r"The width of `inputs` \(6\) must be at least `num_heads` \(8\)"),
     ("RotaryEmbedding odd width", call(ka.RotaryEmbedding, np.zeros((1, 3, 5), "float32")),
      ValueError, r"The feature axis \(-1\) of `inputs` must be known and even\. "
                  r"Received: inputs\.shape=\(1, 3, 5\)"),
