@@ -639,15 +639,18 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             training=training,
             return_weights=return_scores,
         )
-        heads, weights = attn_ops.attention(
-            q,
-            self._repeat_kv(k),  # (B, h, Tv, dk)
-            self._repeat_kv(v),
-            spec=spec,
-            implementation=self.implementation,
-            flash_attention=self._flash_attention,
-        )  # (B, h, Tq, dv), (B, h, Tq, Tv) or None
-        heads = ops.transpose(heads, (0, 2, 1, 3))  # (B, Tq, h, dv)
+        if self._overrides_compute_attention():
+            heads, weights = self._call_compute_attention(q, k, v, spec, training, return_scores)
+        else:
+            heads, weights = attn_ops.attention(
+                q,
+                self._repeat_kv(k),  # (B, h, Tv, dk)
+                self._repeat_kv(v),
+                spec=spec,
+                implementation=self.implementation,
+                flash_attention=self._flash_attention,
+            )  # (B, h, Tq, dv), (B, h, Tq, Tv) or None
+            heads = ops.transpose(heads, (0, 2, 1, 3))  # (B, Tq, h, dv)
         if self.use_gate:
             heads = heads * ops.cast(self._gate_dense(query), heads.dtype)
         output = self._output_dense(heads)  # (B, Tq, *output_shape)
@@ -666,6 +669,83 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             output = output[:, 0]
             weights = None if weights is None else weights[..., 0, :]
         return output, weights, cache
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        """Keras' hook: attention over projected heads, through `keras_attn.ops.attention`.
+
+        The method `keras.layers.MultiHeadAttention` subclasses (and keras-hub's
+        `CachedMultiHeadAttention`) override; `call` runs an override in its
+        place, handing it the projected heads and the combined boolean mask
+        (padding, causal, window and explicit masks merged), as Keras does.
+
+        Args:
+            query: `(B, T, N, key_dim)`.
+            key: `(B, S, N, key_dim)`.
+            value: `(B, S, N, value_dim)`.
+            attention_mask: boolean `(B, T, S)` or `(B, N, T, S)`, `True` = attend.
+            training: whether dropout is active.
+            return_attention_scores: whether to return the weights.
+            use_causal_mask: also apply the (end-aligned) causal mask.
+
+        Returns:
+            `(output (B, T, N, value_dim), weights (B, N, T, S) or None)`.
+        """
+        mask = masks.as_bool_mask(attention_mask, "attention_mask")
+        if mask is not None and len(mask.shape) == 3:
+            mask = ops.expand_dims(mask, 1)  # (B, 1, T, S)
+        spec = attn_ops.AttentionSpec(
+            mask=mask,
+            is_causal=bool(use_causal_mask),
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
+            return_weights=bool(return_attention_scores),
+        )
+        heads, weights = attn_ops.attention(
+            self._heads(query),
+            self._heads(key),
+            self._heads(value),
+            spec=spec,
+            implementation=self.implementation,
+            flash_attention=self._flash_attention,
+        )
+        return ops.transpose(heads, (0, 2, 1, 3)), weights
+
+    def _overrides_compute_attention(self):
+        return type(self)._compute_attention is not MultiHeadAttention._compute_attention
+
+    def _call_compute_attention(self, q, k, v, spec, training, return_scores):
+        """An overriding `_compute_attention` on Keras' layout, with the combined mask."""
+        if spec.bias is not None and (spec.bias.tensors or spec.bias.position_biases):
+            raise ValueError(
+                f"{type(self).__name__} overrides `_compute_attention`, whose Keras contract "
+                "has no bias: `attention_bias` and `position_bias` cannot reach it."
+            )
+        length, total = dim(q, 2), dim(k, 2)
+        mask = spec.whole_mask(length, total)  # (B|1, h|1, Tq, Tv) or (Tq, Tv) or None
+        if mask is not None:
+            batch = ops.shape(q)[0]
+            mask = ops.broadcast_to(mask, (batch, mask.shape[-3] if len(mask.shape) == 4
+                                           else 1, length, total))  # fmt: skip
+            mask = mask[:, 0] if mask.shape[1] == 1 else mask  # (B, T, S) as Keras gives it
+        to_keras = lambda x: ops.transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, T, N, d)
+        return self._compute_attention(
+            query=to_keras(q),
+            key=to_keras(self._repeat_kv(k)),
+            value=to_keras(self._repeat_kv(v)),
+            attention_mask=mask,
+            training=training,
+            return_attention_scores=return_scores,
+        )
 
     def compute_output_spec(
         self, query, value=None, key=None, return_attention_scores=False, cache=None, **kwargs

@@ -275,3 +275,64 @@ def test_sliding_window_weights_and_decoding_step_by_step():
                            use_causal_mask=True, cache=cache, cache_update_index=i)  # fmt: skip
         steps.append(np_(out))
     np.testing.assert_allclose(np.concatenate(steps, 1), full, atol=1e-5)
+
+
+# -- Keras' `_compute_attention` hook -------------------------------------------------------
+
+
+def _doubled(base):
+    class Doubled(base):
+        """A subclass as users write them: the hook's output changed, the rest inherited."""
+
+        def _compute_attention(self, query, key, value, attention_mask=None, training=None,
+                               return_attention_scores=False, use_causal_mask=False):  # fmt: skip
+            self.seen_mask = attention_mask
+            output, scores = super()._compute_attention(
+                query, key, value, attention_mask=attention_mask, training=training,
+                return_attention_scores=return_attention_scores,
+            )  # fmt: skip
+            return output * 2.0, scores
+
+    return Doubled
+
+
+def test_a_subclass_overriding_compute_attention_changes_the_layer_as_keras():
+    theirs, ours = pair(
+        _doubled(keras.layers.MultiHeadAttention)(2, 4),
+        _doubled(keras_attn.MultiHeadAttention)(2, 4),
+        X,
+        X,
+    )
+    kwargs = dict(value_mask=X_MASK, use_causal_mask=True)  # Tq == Tv: both causal masks agree
+    expected = np_(theirs(X, X, **kwargs))
+    out = np_(ours(X, np.where(X_MASK[..., None], X, np.float32(1e30)), **kwargs))
+    np.testing.assert_allclose(out[X_MASK], expected[X_MASK], atol=1e-5)  # the real rows
+    plain = keras_attn.MultiHeadAttention(2, 4)
+    plain(X, X)
+    plain.set_weights(ours.get_weights())
+    assert not np.allclose(out[X_MASK], np_(plain(X, X, **kwargs))[X_MASK])  # the override ran
+    # The combined boolean mask, as Keras hands it: the padding and the causal mask merged.
+    combined = X_MASK[:, None, :] & causal(6, 6)[None]
+    np.testing.assert_array_equal(np_(ours.seen_mask).astype(bool), combined)
+
+
+def test_compute_attention_called_directly_equals_keras():
+    theirs, ours = pair(keras.layers.MultiHeadAttention(2, 4), keras_attn.MultiHeadAttention(2, 4),
+                        X, V)  # fmt: skip
+    q = rng.normal(size=(2, 6, 2, 4)).astype("float32")
+    k = rng.normal(size=(2, 5, 2, 4)).astype("float32")
+    v = rng.normal(size=(2, 5, 2, 4)).astype("float32")
+    mask = np.broadcast_to(V_MASK[:, None, :], (2, 6, 5))
+    expected, expected_scores = theirs._compute_attention(
+        q, k, v, attention_mask=mask, return_attention_scores=True
+    )
+    out, scores = ours._compute_attention(q, k, v, attention_mask=mask,
+                                          return_attention_scores=True)  # fmt: skip
+    np.testing.assert_allclose(np_(out), np_(expected), atol=1e-5)
+    np.testing.assert_allclose(np_(scores), np_(expected_scores), atol=1e-6)
+
+
+def test_an_override_cannot_silently_drop_a_bias():
+    layer = _doubled(keras_attn.MultiHeadAttention)(2, 4, position_bias=keras_attn.AlibiBias())
+    with pytest.raises(ValueError, match="overrides `_compute_attention`"):
+        layer(X, V)
