@@ -604,6 +604,13 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 "With `cache_update_index=None` the cache holds the keys and values: "
                 "pass no `value` or `key`."
             )
+        if cross and use_causal_mask:
+            raise ValueError(
+                "use_causal_mask=True with a cross-attention cache (cache_update_index=None): "
+                "a cached step's query has no position among the cached keys, so no causal "
+                "mask can be aligned. Pass the positions it may see as `attention_mask`, or "
+                "use a self-attention cache (with cache_update_index)."
+            )
         if not cross and value is None:
             raise ValueError(
                 "`value` is required with a self-attention cache: it holds the new tokens."

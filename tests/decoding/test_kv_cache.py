@@ -83,3 +83,14 @@ def test_a_tensor_cache_index_past_the_end_is_not_clamped():
         assert np.all(np.isnan(np_(out)))
     out, _ = layer(x, x, cache=cache, cache_update_index=t(3, "int32"))  # the last position fits
     assert np.all(np.isfinite(np_(out)))
+
+
+def test_a_causal_mask_on_a_cross_attention_cache_raises():
+    mha = keras_attn.MultiHeadAttention(2, 4)
+    source = t(rng.normal(size=(2, 5, 8)).astype("float32"))
+    query = t(rng.normal(size=(2, 1, 8)).astype("float32"))
+    mha(query, source)
+    cache = mha.compute_cache(source)
+    mha(query, cache=cache)  # no causal mask: fine
+    with pytest.raises(ValueError, match="use_causal_mask=True with a cross-attention cache"):
+        mha(query, cache=cache, use_causal_mask=True)
