@@ -40,9 +40,7 @@ def brute_force_rows(tq, tv, is_causal, window, start):
     return np.array(rows, bool)
 
 
-CASES = list(
-    itertools.product((0, 1, 3, 6), (0, 1, 4, 6), (False, True), (None, 1, 2), (None, 0, 3, -2))
-)
+CASES = list(itertools.product((0, 1, 3, 6), (0, 1, 4, 6), (False, True), (None, 2), (None, 3, -2)))
 
 
 @pytest.mark.parametrize("tq,tv,is_causal,window,start", CASES)

@@ -4,7 +4,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn import testing, zoo
+from keras_attn import models as zoo
+from keras_attn import testing
 
 # `.keras` everywhere; SavedModel (TensorFlow's format) on the TensorFlow backend.
 SAVE_FORMATS = ("keras", "saved_model") if keras.backend.backend() == "tensorflow" else ("keras",)
