@@ -640,7 +640,9 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             is_causal=bool(use_causal_mask),
             query_start=start,
             window=self.sliding_window,
-            bias=attn_ops.AttentionBias(self.position_bias, attention_bias),
+            bias=None
+            if self.position_bias is None and attention_bias is None
+            else attn_ops.AttentionBias(self.position_bias, attention_bias),
             dropout_rate=self.dropout,
             seed=self.seed_generator,
             training=training,
