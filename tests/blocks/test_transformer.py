@@ -247,7 +247,8 @@ def decode_step_by_step(blocks, dec, enc, enc_mask, first_chunk, jit=False):
     [
         (None, False, False, 1, False),
         (2, True, False, 3, False),
-        (1, True, True, 2, True),
+        # XLA: TensorFlow only (`jax_slow`: ~40 s on JAX; torch has no XLA)
+        pytest.param(1, True, True, 2, True, marks=pytest.mark.jax_slow),
     ],
 )
 def test_cached_decoding_equals_full_pass(kv_heads, rotary, normalize_first, first_chunk, jit):
@@ -275,6 +276,7 @@ def projection(mha, name):
     return getattr(mha, f"{name}_dense") if found is None else found
 
 
+@pytest.mark.jax_slow  # ~35 s of eager steps on JAX; TensorFlow and torch run it
 @pytest.mark.parametrize("pass_source", [False, True])
 def test_cached_decoding_projects_the_source_once(pass_source):
     block = keras_attn.TransformerDecoderBlock(intermediate_dim=8, num_heads=2)
