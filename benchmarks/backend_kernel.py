@@ -7,6 +7,9 @@ backward, of `keras_attn.ops.attention` with `implementation="backend"` and
 shared machine changes speed from one second to the next).
 
     OMP_NUM_THREADS=1 KERAS_BACKEND=torch python -m benchmarks.backend_kernel --batch 4 --length 256
+    # one query against 128 keys (a cached decoding step's shape; causal is then end-aligned):
+    OMP_NUM_THREADS=1 KERAS_BACKEND=torch python -m benchmarks.backend_kernel --batch 1 \
+        --length 128 --query-length 1
 
 (One thread: on a shared 2-core machine torch's two threads contend with the
 other processes, and a run's times then vary up to 10x.)
@@ -83,12 +86,15 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--query-length", type=int, help="queries (default: --length)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calls", type=int, default=5)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     shape = (args.batch, args.heads, args.length, args.width)
-    q, k, v = (keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32")) for _ in "qkv")
+    k, v = (keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32")) for _ in "kv")
+    query_shape = shape[:2] + (args.query_length or args.length, args.width)
+    q = keras.ops.convert_to_tensor(rng.normal(size=query_shape).astype("float32"))
     valid = np.ones((args.batch, 1, 1, args.length), bool)
     valid[0, ..., args.length // 2 :] = False  # one padded sequence
     inputs = (q, k, v, keras.ops.convert_to_tensor(valid))
@@ -108,6 +114,7 @@ def main(argv=None):
                     "device": keras_attn.kernels.backend.device_kind(),
                     "mode": mode,
                     "shape": shape,
+                    "query_length": query_shape[2],
                     "cpus": os.cpu_count(),
                     "backend_ms": round(1e3 * statistics.median(times["backend"]), 2),
                     "fused_ms": round(1e3 * statistics.median(times["fused"]), 2),

@@ -35,6 +35,7 @@ folds them, torch's are views.
 """
 
 import functools
+import math
 
 import keras
 import numpy as np
@@ -46,8 +47,14 @@ from keras_attn.kernels._shapes import default_scale, dims, lengths, swap_last
 from keras_attn.kernels.registry import Kernel
 
 # Whether `"auto"` takes the backend kernel on torch with the CPU as its
-# device. Measured with benchmarks/backend_kernel.py (numbers in benchmarks/README.md).
+# device, and from which size: more than one query and `TORCH_CPU_MIN_SCORES`
+# scores `(..., Tq, Tv)` or more (unknown lengths count as large). Below, our
+# fused kernel is faster there: SDPA was 3-13x slower for one query (a cached
+# decoding step), 1.2-1.6x for 4-128 queries on 128 keys at B1 h8; from about
+# 2^18 scores on, SDPA is as fast or faster (0.5-0.9x). Measured with
+# benchmarks/backend_kernel.py (numbers in benchmarks/README.md).
 TORCH_CPU = True
+TORCH_CPU_MIN_SCORES = 2**18
 
 
 def device_kind():
@@ -77,20 +84,29 @@ def _backend_name():
     return keras.backend.backend()
 
 
-def preferred():
+def preferred(shape=None):
     """Whether `implementation="auto"` takes the backend kernel on this backend and device.
 
     JAX on a GPU (cuDNN), torch on CUDA (SDPA) and, if `TORCH_CPU`, torch on
-    the CPU; never TensorFlow (no fused kernel), nor JAX on the CPU (Keras'
-    op is then XLA's composition). Reads `device_kind()`, which is read once.
+    the CPU for scores of `shape` `(..., Tq, Tv)` (`None` where unknown) with
+    more than one query and `TORCH_CPU_MIN_SCORES` values or more; never
+    TensorFlow (no fused kernel), nor JAX on the CPU (Keras' op is then XLA's
+    composition). Reads `device_kind()`, which is read once.
     """
     backend = _backend_name()
     if backend == "jax":
         return device_kind() == "gpu"
     if backend == "torch":
         kind = device_kind()
-        return kind == "cuda" or (kind == "cpu" and TORCH_CPU)
+        return kind == "cuda" or (kind == "cpu" and TORCH_CPU and _large_on_cpu(shape))
     return False
+
+
+def _large_on_cpu(shape):
+    """Whether scores of `shape` are large enough for SDPA on torch's CPU (see `TORCH_CPU`)."""
+    if shape is None or None in shape[-2:]:
+        return True
+    return shape[-2] > 1 and math.prod(d or 1 for d in shape) >= TORCH_CPU_MIN_SCORES
 
 
 def _static(x):
@@ -268,7 +284,7 @@ BACKEND = Kernel(
     memory="the backend's",
     # Where the backend and device prefer it, unless the call keeps it off (flash_attention
     # False) or has a position bias on large scores (evaluated whole here).
-    wanted=lambda spec, large, flash_attention: (
-        flash_attention is None and preferred() and not (spec.position_bias and large)
+    wanted=lambda spec, shape, large, flash_attention: (
+        flash_attention is None and preferred(shape) and not (spec.position_bias and large)
     ),
 )

@@ -438,5 +438,5 @@ CHUNKED = Kernel(
     normalize=False,
     scores=("dot", "blockwise"),
     memory="O(Tq) per key block",
-    wanted=lambda spec, large, flash_attention: large,
+    wanted=lambda spec, shape, large, flash_attention: large,
 )

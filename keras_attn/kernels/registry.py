@@ -46,9 +46,10 @@ class Kernel:
         normalize: takes a custom normalization (`spec.normalize`).
         scores: the score kinds it evaluates (`SCORE_KINDS`).
         memory: its working memory, for the docs.
-        wanted: `wanted(spec, large, flash_attention) -> bool`, whether
-            `"auto"` takes it for a call it supports (`large`: the scores
-            hold `CHUNKED_MIN_SCORES` values or more).
+        wanted: `wanted(spec, shape, large, flash_attention) -> bool`, whether
+            `"auto"` takes it for a call it supports (`shape`: the scores'
+            `(..., Tq, Tv)`, `None` where unknown; `large`: they hold
+            `CHUNKED_MIN_SCORES` values or more).
     """
 
     name: str
@@ -58,7 +59,7 @@ class Kernel:
     normalize: bool
     scores: tuple
     memory: str
-    wanted: Callable = lambda spec, large, flash_attention: True
+    wanted: Callable = lambda spec, shape, large, flash_attention: True
 
     def refusal(self, spec: AttentionSpec, kind: str | None = None) -> str | None:
         """Why this kernel cannot run `spec` (a sentence), or `None`."""
@@ -183,6 +184,8 @@ def choose(
     known = [d if isinstance(d, int) else None for d in scores_shape]
     large = None not in known[-2:] and math.prod(d for d in known if d) >= CHUNKED_MIN_SCORES
     for kernel in _ordered():
-        if kernel.refusal(spec, kind) is None and kernel.wanted(spec, large, flash_attention):
+        if kernel.refusal(spec, kind) is None and kernel.wanted(
+            spec, tuple(known), large, flash_attention
+        ):
             return kernel
     raise AssertionError("the dense kernel runs every call")  # pragma: no cover

@@ -221,6 +221,30 @@ def test_preferred_per_backend_and_device(monkeypatch, backend, device):
     assert kernel_backend.preferred() is PREFERRED[backend, device]
 
 
+@pytest.mark.parametrize(
+    "shape,wanted",
+    [
+        ((1, 8, 1, 4096), False),  # one query (a cached decoding step): SDPA 3-13x slower
+        ((8, 8, 1, 2048), False),
+        ((1, 8, 128, 128), False),  # 2^17 scores: ours faster
+        ((1, 8, 256, 256), True),  # 2^19: SDPA faster
+        ((32, 8, 128, 128), True),
+        ((None, 8, 128, 128), False),  # an unknown batch counts as 1
+        ((1, 8, None, 128), True),  # unknown lengths: large
+        ((1, 8, 128, None), True),
+    ],
+)
+def test_torch_cpu_takes_sdpa_from_its_size(monkeypatch, shape, wanted):
+    monkeypatch.setattr(kernel_backend, "device_kind", lambda: "cpu")
+    monkeypatch.setattr(kernel_backend, "_backend_name", lambda: "torch")
+    wanted = wanted and kernel_backend.TORCH_CPU
+    assert kernel_backend.preferred(shape) is wanted
+    spec = kernels.AttentionSpec(return_weights=False)
+    assert kernels.choose(spec, shape).name == ("backend" if wanted else "fused")
+    monkeypatch.setattr(kernel_backend, "device_kind", lambda: "cuda")  # any size on CUDA
+    assert kernels.choose(spec, shape).name == "backend"
+
+
 def test_device_kind_is_keras_default_device():
     kind = kernel_backend.device_kind()
     assert kind in ("cpu", "gpu", "cuda", "tpu", "mps")
@@ -238,6 +262,7 @@ def test_a_functional_model_runs_the_kernel_its_device_prefers(monkeypatch):
         return kernel
 
     monkeypatch.setattr(keras_attn.ops.kernels, "choose", spy)
+    monkeypatch.setattr(kernel_backend, "TORCH_CPU_MIN_SCORES", 0)  # SDPA on torch's CPU too
     x = keras.Input((6, 16))
     model = keras.Model(x, keras_attn.MultiHeadAttention(2, 8)(x, x, use_causal_mask=True))
     chosen.clear()
@@ -251,7 +276,7 @@ def test_a_functional_model_runs_the_kernel_its_device_prefers(monkeypatch):
 
 @pytest.mark.parametrize("preferred", [False, True])
 def test_auto_takes_the_backend_kernel_where_preferred(monkeypatch, preferred):
-    monkeypatch.setattr(kernel_backend, "preferred", lambda: preferred)
+    monkeypatch.setattr(kernel_backend, "preferred", lambda shape=None: preferred)
     choose = ops.choose_implementation
     fast = "backend" if preferred else "fused"
     assert choose("auto", SMALL, 0.0, False, False) == fast
@@ -328,7 +353,7 @@ LAYERS = {
     [(True, False, True), (False, True, False), (None, True, True), (None, False, False)],
 )
 def test_flash_attention_says_which_path_runs(monkeypatch, spy, layer, flash, preferred, runs):
-    monkeypatch.setattr(kernel_backend, "preferred", lambda: preferred)
+    monkeypatch.setattr(kernel_backend, "preferred", lambda shape=None: preferred)
     x = rng.normal(size=(2, 6, 8)).astype("float32")
     mask = np.arange(6)[None] < np.array([[6], [4]])
     attention = LAYERS[layer](flash_attention=flash)
