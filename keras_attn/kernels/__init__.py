@@ -11,7 +11,7 @@ scale, score, dropout, return_weights, normalize), built once per call by
 | `dense` | returned | yes | dot, blockwise, any | `O(Tq Tv)` | for what only it runs |
 | `fused` | - | - | dot | `O(Tq Tv)`, fewer passes | the default |
 | `chunked` | - | - | dot, blockwise | `O(Tq)` per block | from `CHUNKED_MIN_SCORES` |
-| `backend` | - | - | dot | the backend's | JAX on a GPU, torch (CPU: from 2^18 scores, Tq > 1) |
+| `backend` | - | - | dot | the backend's | JAX on a GPU, torch (CPU: Tq > 1) |
 
 (`dense` alone returns the weights, applies dropout, takes a custom
 normalization and any score; `backend` is `keras.ops.dot_product_attention`.)

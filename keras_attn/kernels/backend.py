@@ -35,7 +35,6 @@ folds them, torch's are views.
 """
 
 import functools
-import math
 
 import keras
 import numpy as np
@@ -47,14 +46,12 @@ from keras_attn.kernels._shapes import default_scale, dims, lengths, swap_last
 from keras_attn.kernels.registry import Kernel
 
 # Whether `"auto"` takes the backend kernel on torch with the CPU as its
-# device, and from which size: more than one query and `TORCH_CPU_MIN_SCORES`
-# scores `(..., Tq, Tv)` or more (unknown lengths count as large). Below, our
-# fused kernel is faster there: SDPA was 3-13x slower for one query (a cached
-# decoding step), 1.2-1.6x for 4-128 queries on 128 keys at B1 h8; from about
-# 2^18 scores on, SDPA is as fast or faster (0.5-0.9x). Measured with
-# benchmarks/backend_kernel.py (numbers in benchmarks/README.md).
+# device, for more than one query (or an unknown number): with one query (a
+# cached decoding step) our fused kernel is faster there, SDPA with a mask
+# measured 1.1-14x slower; with more, SDPA was as fast or faster in training
+# (forward and backward 0.46-1.09x). Measured with benchmarks/backend_kernel.py
+# (numbers in benchmarks/README.md).
 TORCH_CPU = True
-TORCH_CPU_MIN_SCORES = 2**18
 
 
 def device_kind():
@@ -89,7 +86,7 @@ def preferred(shape=None):
 
     JAX on a GPU (cuDNN), torch on CUDA (SDPA) and, if `TORCH_CPU`, torch on
     the CPU for scores of `shape` `(..., Tq, Tv)` (`None` where unknown) with
-    more than one query and `TORCH_CPU_MIN_SCORES` values or more; never
+    more than one query or an unknown number; never
     TensorFlow (no fused kernel), nor JAX on the CPU (Keras' op is then XLA's
     composition). Reads `device_kind()`, which is read once.
     """
@@ -98,15 +95,13 @@ def preferred(shape=None):
         return device_kind() == "gpu"
     if backend == "torch":
         kind = device_kind()
-        return kind == "cuda" or (kind == "cpu" and TORCH_CPU and _large_on_cpu(shape))
+        return kind == "cuda" or (kind == "cpu" and TORCH_CPU and _many_queries(shape))
     return False
 
 
-def _large_on_cpu(shape):
-    """Whether scores of `shape` are large enough for SDPA on torch's CPU (see `TORCH_CPU`)."""
-    if shape is None or None in shape[-2:]:
-        return True
-    return shape[-2] > 1 and math.prod(d or 1 for d in shape) >= TORCH_CPU_MIN_SCORES
+def _many_queries(shape):
+    """Whether scores of `shape` `(..., Tq, Tv)` have more than one query, or an unknown number."""
+    return shape is None or shape[-2] is None or shape[-2] > 1
 
 
 def _static(x):
