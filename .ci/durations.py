@@ -3,6 +3,9 @@
     python .ci/durations.py STEP LOG [STEP LOG ...]
     # STEP: tensorflow (the quick run), tensorflow-slow (-m slow), jax, torch
 
+CI runs the quick and the slow tests on TensorFlow in one run (`-m "slow or not slow"`),
+whose log cannot be told apart by step: measure each step with its own run for this.
+
 Each LOG is the output of a step run with `--durations=0`. tests/conftest.py sends the files
 to the xdist workers longest first (so that no long file starts last while the other worker
 idles); the figures only order the files, a stale one costs wall time, never a result.

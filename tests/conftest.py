@@ -93,11 +93,16 @@ def pytest_unconfigure(config):
         shutil.rmtree(MADE_JAX_CACHE, ignore_errors=True)
 
 
-def _step(config):
-    """The CI step this run is, for tests/durations.json: the backend, and `-slow` for `-m slow`."""
-    marks = config.getoption("markexpr", "") or ""
-    slow = "slow" in marks and "not slow" not in marks
-    return keras.backend.backend() + ("-slow" if slow else "")
+def _steps(config):
+    """The CI steps this run is, for tests/durations.json: the backend, `-slow` for `-m slow`,
+    and both for a run of the quick and the training tests together (`-m "slow or not slow"`,
+    as CI runs them on TensorFlow)."""
+    marks = (config.getoption("markexpr", "") or "").replace(" ", "")
+    backend = keras.backend.backend()
+    if marks in ("", "slowornotslow", "notsloworslow"):
+        return [backend, backend + "-slow"]
+    slow = "slow" in marks and "notslow" not in marks
+    return [backend + ("-slow" if slow else "")]
 
 
 def _longest_files_first(config, items):
@@ -111,7 +116,10 @@ def _longest_files_first(config, items):
     """
     path = os.path.join(os.path.dirname(__file__), "durations.json")
     with open(path) as f:
-        seconds = json.load(f).get(_step(config), {})
+        table = json.load(f)
+    seconds = collections.Counter()
+    for step in _steps(config):  # a file in both steps (quick and slow tests) sums its times
+        seconds.update(table.get(step, {}))
     counts = collections.Counter(item.path.name for item in items)
     weight = {name: seconds.get(name, float(n)) for name, n in counts.items()}
     items.sort(key=lambda item: -weight[item.path.name])  # stable: a file's tests stay together
