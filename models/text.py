@@ -432,11 +432,14 @@ class TextLanguageModel(keras.Model):
         Args:
             text: prompts `(B,)`.
             **generation: `sampler` (`"greedy"`, `"sample"`, `"beam"`), `temperature`,
-                `top_k`, `top_p`, `seed`, ... of `keras_attn.models.generate`.
+                `top_k`, `top_p`, `seed`, `jit_compile` (here False unless given) ... of
+                `keras_attn.models.generate`.
         """
         from keras_attn.models.lm_generation import generate
 
         prompts = np.asarray(self.prompt_ids(text))
+        # Eager by default: compiling the loop (XLA) takes longer than a few prompts' decoding.
+        generation.setdefault("jit_compile", False)
         return generate(self.language_model, prompts, self.max_length, self._end_id(), **generation)
 
     def predict_text(self, text, **generation) -> list:
