@@ -477,7 +477,10 @@ class TextLanguageModel(keras.Model):
         archive = keras.export.ExportArchive()
         archive.track(model)
 
-        @tf.function(input_signature=[tf.TensorSpec((None, None), tf.int64, name="prompts")])
+        # No AutoGraph: the loop is `keras.ops.fori_loop` already (and the closures confuse it).
+        @tf.function(
+            input_signature=[tf.TensorSpec((None, None), tf.int64, name="prompts")], autograph=False
+        )
         def decoder(prompts):
             return greedy_decode(model, tf.cast(prompts, tf.int32), self.max_length, None, end_id)
 
@@ -496,7 +499,9 @@ class TextLanguageModel(keras.Model):
                 archive.track(layer)
             all_ids = tf.range(len(vocabulary), dtype=tf.int64)
 
-            @tf.function(input_signature=[tf.TensorSpec((None,), tf.string, name="text")])
+            @tf.function(
+                input_signature=[tf.TensorSpec((None,), tf.string, name="text")], autograph=False
+            )
             def serving_default(text):
                 tokens = decoder(tf.cast(self.prompt_ids(text, lookup), tf.int64))
                 return {"text": _join_words(tokens, words(all_ids), self.end_token)}

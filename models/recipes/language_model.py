@@ -164,7 +164,11 @@ def language_model_task(task_name, default_dataset):
             )
             return ds.map(lambda ids: (ids[:, :-1], ids[:, 1:])).prefetch(2)
 
-        steps = epochs * dataset_size(batches(train_ids))
+        train_batches = batches(train_ids, shuffle=True)
+        count = dataset_size(train_batches)  # the same for every order: a bucket's sequences
+        # Known to Keras: the progress bar shows it, and no "ran out of data" warning.
+        train_batches = train_batches.apply(tf.data.experimental.assert_cardinality(count))
+        steps = epochs * count
         seconds = {}
         for label, model in (("transformer", transformer), ("lstm", baseline)):
             model.compile(
@@ -175,7 +179,7 @@ def language_model_task(task_name, default_dataset):
             keras.utils.set_random_seed(settings.seed)  # the same dropout draws' seeds
             start, cpu = time.perf_counter(), time.process_time()
             model.fit(
-                batches(train_ids, shuffle=True), epochs=epochs, shuffle=False,
+                train_batches, epochs=epochs, shuffle=False,
                 callbacks=settings.callbacks() if model is transformer else [],
             )  # fmt: skip
             seconds[label] = (time.perf_counter() - start, time.process_time() - cpu)
