@@ -324,8 +324,11 @@ def main(argv=None):
             {"task": args.task, "dataset": result.dataset, **result.metrics, **losses}, f, indent=1
         )
     print(f"trained {args.task} on {result.dataset}")
-    for metric, value in result.metrics.items():
-        print(f"  {metric}: {value:.4f}")
+    for metric, value in result.metrics.items():  # lists (losses, samples): in the JSON only
+        if isinstance(value, float):
+            print(f"  {metric}: {value:.4f}")
+        elif isinstance(value, int | str):
+            print(f"  {metric}: {value}")
     print("wrote")
     for what, path in paths.items():
         print(f"  {what}: {path}")

@@ -1,9 +1,9 @@
 """Text in, text out: a zoo model together with its preprocessing.
 
 A trained text task is its token model plus the vocabularies that turn text into token ids
-and back. `TextSeq2Seq` and `TextClassifier` hold both: the token model and Keras
-`StringLookup` / `TextVectorization` layers, whose vocabularies are saved with the `.keras`
-file (as its assets). `export_text` writes a SavedModel whose `serving_default` takes
+and back. `TextSeq2Seq`, `TextLanguageModel` and `TextClassifier` hold both: the token model
+and Keras `StringLookup` / `TextVectorization` layers, whose vocabularies are saved with the
+`.keras` file (as its assets). `export_text` writes a SavedModel whose `serving_default` takes
 `text` (tf.string `(None,)`) and reads its vocabularies from the SavedModel's `assets/`:
 callable with TensorFlow alone.
 
@@ -12,12 +12,13 @@ on the backend, the strings on TensorFlow).
 
 Bad text input, the same in Python and in the SavedModel:
 
-- an empty (or all-blank) string gives an empty output (seq2seq) or the model's answer
-  on no words (classifiers);
+- an empty (or all-blank) string gives an empty output (seq2seq), the model's answer
+  on no words (classifiers), or a continuation of the start token alone (language model);
 - a word the vocabulary does not hold becomes the OOV token `[UNK]` (id 1);
 - an input longer than the model's length is truncated: its first `source_length`
   words (seq2seq), the first `sequence_length` words of a review, the first
-  `max_sentences` sentences of `max_words` words (HAN);
+  `max_sentences` sentences of `max_words` words (HAN), the last `prompt_length` words of
+  a prompt (language model);
 - anything but strings is refused with a `TypeError` naming `text`.
 """
 
@@ -93,6 +94,49 @@ def _vocabulary_file(directory, name, vocabulary):
     return path
 
 
+def _asset_lookup(path, invert=False):
+    """A built `StringLookup` whose table reads the vocabulary file `path` (`_vocabulary_file`).
+
+    Tracked by an `ExportArchive`, the file becomes one of the SavedModel's `assets/`.
+    """
+    lookup = keras.layers.StringLookup(
+        vocabulary=path, mask_token=PADDING, oov_token=OOV, invert=invert
+    )
+    lookup.build(None)
+    return lookup
+
+
+def _check_export_backend(alternative=""):
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f"`export_text` writes its string signature from the tensorflow backend{alternative}. "
+            f"Received: backend={keras.backend.backend()!r}"
+        )
+
+
+def _join_words(tokens, vocabulary, end_token):
+    """Tokens `(B, T)` -> their words before `end_token`, padding left out, joined with spaces.
+
+    `vocabulary`: the `(V,)` words of the ids (TensorFlow).
+    """
+    import tensorflow as tf
+
+    tokens = tf.cast(tokens, tf.int64)
+    end = tf.cast(tf.reshape(tf.where(tf.equal(vocabulary, end_token)), [-1])[0], tf.int64)
+    ended = tf.cumsum(tf.cast(tf.equal(tokens, end), tf.int32), axis=1) > 0
+    keep = tf.logical_and(tf.not_equal(tokens, 0), tf.logical_not(ended))
+    words = tf.ragged.boolean_mask(tf.gather(vocabulary, tokens), keep)
+    return tf.strings.reduce_join(words, axis=1, separator=" ")
+
+
+def _check_tokens(lookup, **tokens):
+    vocabulary = lookup.get_vocabulary()
+    for name, token in tokens.items():
+        # (A lookup deserialized from a `.keras` file gets its vocabulary after this.)
+        if len(vocabulary) > 2 and token not in vocabulary:
+            raise ValueError(f"`{name}` must be a token of the vocabulary. Received: {token!r}")
+
+
 # ---------------------------------------------------------------------------
 # Seq2seq
 # ---------------------------------------------------------------------------
@@ -148,13 +192,7 @@ class TextSeq2Seq(keras.Model):
         self.max_length = max_length
         self.start_token = start_token
         self.end_token = end_token
-        vocabulary = target_lookup.get_vocabulary()
-        for name, token in (("start_token", start_token), ("end_token", end_token)):
-            # (A lookup deserialized from a `.keras` file gets its vocabulary after this.)
-            if len(vocabulary) > 2 and token not in vocabulary:
-                raise ValueError(
-                    f"`{name}` must be a token of the target vocabulary. Received: {token!r}"
-                )
+        _check_tokens(target_lookup, start_token=start_token, end_token=end_token)
         self.built = True
 
     @property
@@ -177,12 +215,7 @@ class TextSeq2Seq(keras.Model):
         """Tokens `(B, T)` -> the words before the end token, joined with spaces (TensorFlow)."""
         import tensorflow as tf
 
-        tokens = tf.cast(tokens, tf.int64)
-        end = tf.cast(tf.reshape(tf.where(tf.equal(vocabulary, self.end_token)), [-1])[0], tf.int64)
-        ended = tf.cumsum(tf.cast(tf.equal(tokens, end), tf.int32), axis=1) > 0
-        keep = tf.logical_and(tf.not_equal(tokens, 0), tf.logical_not(ended))
-        words = tf.ragged.boolean_mask(tf.gather(vocabulary, tokens), keep)
-        text = tf.strings.reduce_join(words, axis=1, separator=" ")
+        text = _join_words(tokens, vocabulary, self.end_token)
         empty = tf.reduce_all(tf.equal(source_ids, 0), axis=1)  # "" in, "" out
         return tf.where(empty, tf.constant(""), text)
 
@@ -225,12 +258,7 @@ class TextSeq2Seq(keras.Model):
 
         from keras_attn.models.seq2seq_export import seq2seq_archive
 
-        if keras.backend.backend() != "tensorflow":
-            raise ValueError(
-                "`export_text` writes its string signature from the tensorflow backend "
-                f"(`export_seq2seq` exports the token model from jax). Received: backend="
-                f"{keras.backend.backend()!r}"
-            )
+        _check_export_backend(" (`export_seq2seq` exports the token model from jax)")
         start_id, end_id = self._ids()
         archive, decoder = seq2seq_archive(self.seq2seq, self.max_length, start_id, end_id)
         with tempfile.TemporaryDirectory() as scratch:
@@ -239,14 +267,9 @@ class TextSeq2Seq(keras.Model):
             source_file = _vocabulary_file(scratch, "source_vocabulary.txt", source_vocabulary)
             target_file = _vocabulary_file(scratch, "target_vocabulary.txt", target_vocabulary)
             # Tables read from files: the SavedModel copies the files into its assets/.
-            source_lookup = keras.layers.StringLookup(
-                vocabulary=source_file, mask_token=PADDING, oov_token=OOV
-            )
-            target_words = keras.layers.StringLookup(
-                vocabulary=target_file, mask_token=PADDING, oov_token=OOV, invert=True
-            )
+            source_lookup = _asset_lookup(source_file)
+            target_words = _asset_lookup(target_file, invert=True)
             for layer in (source_lookup, target_words):
-                layer.build(None)
                 archive.track(layer)
             all_ids = tf.range(len(target_vocabulary), dtype=tf.int64)
 
@@ -279,6 +302,231 @@ class TextSeq2Seq(keras.Model):
     def from_config(cls, config):
         config = dict(config)
         for key in ("seq2seq", "source_lookup", "target_lookup"):
+            config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
+
+
+# ---------------------------------------------------------------------------
+# Language model
+# ---------------------------------------------------------------------------
+
+PUNCTUATION = r"([^\w\s'-])"  # a mark that is not a letter, digit, apostrophe or hyphen
+
+
+def split_punctuation(text):
+    """Lowercased text `(B,)` with every punctuation mark a word of its own (TensorFlow).
+
+    `"It's a must-see!"` -> `"it's a must-see ! "`: apostrophes and hyphens stay inside
+    their words; split on whitespace afterwards.
+    """
+    import tensorflow as tf
+
+    return tf.strings.regex_replace(tf.strings.lower(text, encoding="utf-8"), PUNCTUATION, r" \1 ")
+
+
+@_REGISTER
+class TextLanguageModel(keras.Model):
+    """A language model with its vocabulary: a prompt in, its continuation out.
+
+    A prompt is lowercased, its punctuation split off (`split_punctuation`) and split on
+    whitespace; its last `prompt_length` words are looked up (unknown words: `[UNK]`) after
+    the start token, as every training sequence began. `keras_attn.models.generate` then
+    continues it by at most `max_length` tokens (greedy, sampled or beam, KV-cached; the
+    prompts are right-padded here and `generate` left-aligns them), and the new words up to
+    the end token are joined with spaces: the continuation, without the prompt.
+
+    Args:
+        language_model: the token model, a `transformer_lm`: tokens `(B, T)` -> logits.
+        lookup: a `StringLookup` (`string_lookup`): word -> id; its vocabulary holds
+            `start_token` and `end_token`.
+        max_length: the most new tokens (the end token included).
+        prompt_length: the most prompt words kept (its last ones). With learned positions
+            `prompt_length + max_length` must fit in the model's `sequence_length`.
+        start_token, end_token: the vocabulary's start and end tokens.
+
+    Call arguments:
+        inputs: the token model's inputs; returns its logits (`model.fit` trains it).
+
+    Example:
+
+    >>> text_model = TextLanguageModel(lm, string_lookup(words), 24, 32)  # doctest: +SKIP
+    >>> text_model.predict_text(["the movie is"])  # doctest: +SKIP
+    ['a lot of fun .']
+    """
+
+    def __init__(
+        self,
+        language_model: keras.Model,
+        lookup: keras.layers.Layer,
+        max_length: int,
+        prompt_length: int,
+        start_token: str = "<s>",
+        end_token: str = "</s>",
+        **kwargs,
+    ):
+        from keras_attn.models.transformer_lm import LanguageModelSteps
+
+        super().__init__(**kwargs)
+        for name, value in (("max_length", max_length), ("prompt_length", prompt_length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer. Received: {value!r}")
+        if not LanguageModelSteps.matches(language_model):
+            raise ValueError(
+                "`language_model` must be built by keras_attn.models.transformer_lm. "
+                f"Received: model {language_model.name!r}"
+            )
+        positions = LanguageModelSteps(language_model).sequence_length
+        if positions is not None and prompt_length + max_length > positions:
+            raise ValueError(
+                "`prompt_length` + `max_length` (the start token, the prompt and the new tokens "
+                f"but the last) must fit in the model's sequence_length={positions}. Received: "
+                f"prompt_length={prompt_length}, max_length={max_length}"
+            )
+        self.language_model = language_model
+        self.lookup = lookup
+        self.max_length = max_length
+        self.prompt_length = prompt_length
+        self.start_token = start_token
+        self.end_token = end_token
+        _check_tokens(lookup, start_token=start_token, end_token=end_token)
+        self.built = True
+
+    @property
+    def input(self):
+        """The token model's input (what `call` takes)."""
+        return self.language_model.input
+
+    def call(self, inputs, training=None):
+        return self.language_model(inputs, training=training)
+
+    def sequence_ids(self, text, lookup=None, end=True, words=None):
+        """`text` `(B,)` -> `start_token`, its words (the last `words`, if given), `end_token`
+        (if `end`): ids `(B, T)` int32, right-padded with 0 (TensorFlow). Training sequences."""
+        import tensorflow as tf
+
+        text = _strings(text)
+        pieces = tf.strings.split(split_punctuation(text))  # (B, None) ragged
+        if words is not None:
+            pieces = pieces[:, -words:]
+        batch = tf.shape(text, out_type=tf.int64)[:1]
+        start = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), self.start_token))
+        parts = [start, pieces]
+        if end:
+            parts.append(
+                tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), self.end_token))
+            )
+        ids = (lookup or self.lookup)(tf.concat(parts, axis=1))
+        return tf.cast(ids, tf.int32).to_tensor(0)
+
+    def prompt_ids(self, text, lookup=None):
+        """`text` `(B,)` -> the start token and the last `prompt_length` words: `(B, P)` int32,
+        right-padded with 0, `1 <= P <= prompt_length + 1` (TensorFlow)."""
+        return self.sequence_ids(text, lookup, end=False, words=self.prompt_length)
+
+    def _end_id(self):
+        return self.lookup.get_vocabulary().index(self.end_token)
+
+    def continue_ids(self, text, **generation) -> np.ndarray:
+        """The new tokens after each prompt: int32 `(B, max_length)`, 0 after the end token.
+
+        Args:
+            text: prompts `(B,)`.
+            **generation: `sampler` (`"greedy"`, `"sample"`, `"beam"`), `temperature`,
+                `top_k`, `top_p`, `seed`, `jit_compile` (here False unless given) ... of
+                `keras_attn.models.generate`.
+        """
+        from keras_attn.models.lm_generation import generate
+
+        prompts = np.asarray(self.prompt_ids(text))
+        # Eager by default: compiling the loop (XLA) takes longer than a few prompts' decoding.
+        generation.setdefault("jit_compile", False)
+        return generate(self.language_model, prompts, self.max_length, self._end_id(), **generation)
+
+    def predict_text(self, text, **generation) -> list:
+        """Continues a batch of prompts: one string per prompt, its new words up to the end.
+
+        Args:
+            text: strings `(B,)`: a list, a NumPy array or a tf.string tensor.
+            **generation: as in `continue_ids` (default: greedy).
+
+        Returns:
+            A list of `B` Python strings.
+        """
+        import tensorflow as tf
+
+        tokens = self.continue_ids(text, **generation)
+        vocabulary = tf.constant(self.lookup.get_vocabulary())
+        return [t.decode("utf-8") for t in _join_words(tokens, vocabulary, self.end_token).numpy()]
+
+    def export_text(self, path: str) -> None:
+        """A SavedModel of a prompt in, its greedy continuation out, the vocabulary in `assets/`.
+
+        Signatures: `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`;
+        `greedy_decode`: prompt ids `prompts` `(B, P)` int64 (0 = padding, either side) ->
+        the new tokens `(B, max_length)` int32; `serve`: the token model (ids -> logits).
+
+        Args:
+            path: the SavedModel directory, written atomically.
+        """
+        import tensorflow as tf
+
+        from keras_attn.models.decoding import greedy_decode
+
+        _check_export_backend()
+        model, end_id = self.language_model, self._end_id()
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+
+        # No AutoGraph: the loop is `keras.ops.fori_loop` already (and the closures confuse it).
+        @tf.function(
+            input_signature=[tf.TensorSpec((None, None), tf.int64, name="prompts")], autograph=False
+        )
+        def decoder(prompts):
+            return greedy_decode(model, tf.cast(prompts, tf.int32), self.max_length, None, end_id)
+
+        archive.add_endpoint("greedy_decode", decoder)
+        archive.add_endpoint(
+            "serve",
+            lambda tokens: model(tf.cast(tokens, tf.int32), training=False),
+            input_signature=[tf.TensorSpec((None, None), tf.int64, name="tokens")],
+        )
+        with tempfile.TemporaryDirectory() as scratch:
+            vocabulary = self.lookup.get_vocabulary()
+            vocabulary_file = _vocabulary_file(scratch, "vocabulary.txt", vocabulary)
+            lookup = _asset_lookup(vocabulary_file)  # both tables read the one asset
+            words = _asset_lookup(vocabulary_file, invert=True)
+            for layer in (lookup, words):
+                archive.track(layer)
+            all_ids = tf.range(len(vocabulary), dtype=tf.int64)
+
+            @tf.function(
+                input_signature=[tf.TensorSpec((None,), tf.string, name="text")], autograph=False
+            )
+            def serving_default(text):
+                tokens = decoder(tf.cast(self.prompt_ids(text, lookup), tf.int64))
+                return {"text": _join_words(tokens, words(all_ids), self.end_token)}
+
+            archive.add_endpoint("serving_default", serving_default)
+            write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "language_model": keras.saving.serialize_keras_object(self.language_model),
+                "lookup": keras.saving.serialize_keras_object(self.lookup),
+                "max_length": self.max_length,
+                "prompt_length": self.prompt_length,
+                "start_token": self.start_token,
+                "end_token": self.end_token,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("language_model", "lookup"):
             config[key] = keras.saving.deserialize_keras_object(config[key])
         return cls(**config)
 
@@ -389,11 +637,7 @@ class TextClassifier(keras.Model):
         """
         import tensorflow as tf
 
-        if keras.backend.backend() != "tensorflow":
-            raise ValueError(
-                "`export_text` writes its string signature from the tensorflow backend. "
-                f"Received: backend={keras.backend.backend()!r}"
-            )
+        _check_export_backend()
         archive = keras.export.ExportArchive()
         archive.track(self.classifier)
         ids_shape = (None,) + tuple(self.classifier.input.shape[1:])
@@ -451,12 +695,12 @@ def load_run(task: str, runs_dir: str = RUNS) -> keras.Model:
     """The text model of `task`'s last run in `runs_dir` (what `keras-attn train` wrote).
 
     Args:
-        task: a text task of `keras-attn list` (seq2seq or classifier).
+        task: a text task of `keras-attn list` (seq2seq, language model or classifier).
         runs_dir: the run directory (`keras-attn train --output`).
 
     Returns:
-        A `TextSeq2Seq` or `TextClassifier`: `predict_text(["..."])` gives one string per
-        input; `export_text(path)` the SavedModel.
+        A `TextSeq2Seq`, `TextLanguageModel` or `TextClassifier`: `predict_text(["..."])`
+        gives one string per input; `export_text(path)` the SavedModel.
 
     Example:
 
@@ -472,9 +716,9 @@ def load_run(task: str, runs_dir: str = RUNS) -> keras.Model:
             f"`keras-attn train {task} --output {runs_dir}`."
         )
     model = keras.saving.load_model(path, safe_mode=True)
-    if not isinstance(model, TextSeq2Seq | TextClassifier):
+    if not isinstance(model, TextSeq2Seq | TextLanguageModel | TextClassifier):
         raise ValueError(
             f"The run of {task!r} holds no text model (a {type(model).__name__}): `predict` "
-            f"takes the text tasks (seq2seq and classifiers). Received: task={task!r}"
+            f"takes the text tasks (seq2seq, language model, classifiers). Received: task={task!r}"
         )
     return model

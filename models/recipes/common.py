@@ -341,6 +341,14 @@ def dataset_error(name):
     return None
 
 
+def dataset_size(ds):
+    """The number of elements of a finite dataset (counted when tf.data does not know it)."""
+    size = int(ds.cardinality())
+    if size >= 0:
+        return size
+    return int(ds.reduce(0, lambda n, _: n + 1))
+
+
 def take(ds, count):
     return ds if count is None else ds.take(count)
 

@@ -22,6 +22,7 @@ from keras_attn.models.recipes.common import (
     START,
     Result,
     adam_warmup_cosine,
+    dataset_size,
     load_supervised,
     take,
     text_vectorizer,
@@ -82,8 +83,9 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
         model = _seq2seq_model(
             architecture, source_vectorizer.vocabulary_size(), len(vocab), training.dropout
         )
+        steps = epochs * math.ceil(dataset_size(train) / settings.batch_size)
         model.compile(
-            optimizer=_optimizer(training, epochs * math.ceil(_size(train) / settings.batch_size)),
+            optimizer=_optimizer(training, steps),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             weighted_metrics=["accuracy"],
         )
@@ -148,14 +150,6 @@ def _optimizer(training, steps):
     if not training.cosine_decay:
         return keras.optimizers.Adam(training.learning_rate)
     return adam_warmup_cosine(steps, training.learning_rate, training.warmup_steps)
-
-
-def _size(ds):
-    """The number of elements of a finite dataset (counted when tf.data does not know it)."""
-    size = int(ds.cardinality())
-    if size >= 0:
-        return size
-    return int(ds.reduce(0, lambda n, _: n + 1))
 
 
 def _longest(texts):

@@ -47,7 +47,7 @@ def test_list_names_every_task(capsys):
     status, out, _ = run(capsys, "list")
     assert status == 0
     for task in ("pointer-sort", "pointer-hull", "transformer-reverse", "rnn-attention-reverse",
-                 "imdb-transformer", "imdb-han", "ted-translate"):  # fmt: skip
+                 "imdb-transformer", "imdb-han", "ted-translate", "transformer-lm"):  # fmt: skip
         assert task in out
 
 

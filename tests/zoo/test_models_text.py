@@ -6,9 +6,7 @@ of the token model's logits (classifiers). The SavedModels are loaded in a proce
 `keras` and `keras_attn` cannot be imported: TensorFlow alone.
 """
 
-import json
 import os
-import subprocess
 import sys
 import zipfile
 
@@ -19,6 +17,7 @@ import tensorflow as tf
 
 from keras_attn import models
 from keras_attn.models import cli, text
+from tensorflow_alone import tensorflow_alone
 
 pytestmark = pytest.mark.tensorflow_only
 
@@ -90,54 +89,6 @@ def test_seq2seq_keras_file_holds_the_vocabularies(seq2seq_model, tmp_path):
     reloaded = keras.saving.load_model(path, safe_mode=True)
     assert isinstance(reloaded, text.TextSeq2Seq)
     assert reloaded.predict_text(TEXTS) == seq2seq_model.predict_text(TEXTS)
-
-
-# TensorFlow alone: `keras` and `keras_attn` not found, as where they are not installed (every
-# finder wrapped, as tests/no_tensorflow_check.py does); prints the signatures' outputs.
-TF_ALONE = """
-import json, sys
-
-class Hide:
-    def __init__(self, finder):
-        self.finder = finder
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("keras", "keras_attn"):
-            return None
-        find_spec = getattr(self.finder, "find_spec", None)
-        return None if find_spec is None else find_spec(name, path, target)
-
-    def __getattr__(self, name):
-        return getattr(self.finder, name)
-
-sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
-import tensorflow as tf
-
-loaded = tf.saved_model.load(sys.argv[1])
-texts = tf.constant(json.loads(sys.argv[2]))
-out = loaded.signatures["serving_default"](text=texts)
-result = {k: v.numpy().tolist() for k, v in out.items()}
-result = {k: [x.decode() if isinstance(x, bytes) else x for x in v] for k, v in result.items()}
-try:
-    loaded.serving_default(tf.constant([1, 2]))
-except TypeError as error:
-    result["error"] = str(error)
-print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("keras")), **result}))
-"""
-
-
-def tensorflow_alone(path, texts):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    env.pop("PYTHONPATH", None)
-    completed = subprocess.run(
-        [sys.executable, "-c", TF_ALONE, str(path), json.dumps(texts)],
-        cwd=path.parent, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    result = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert result.pop("modules") == []
-    assert "name='text'" in result.pop("error")  # a number tensor: refused, naming `text`
-    return result
 
 
 def test_seq2seq_savedmodel_takes_text_with_tensorflow_alone(seq2seq_model, tmp_path):

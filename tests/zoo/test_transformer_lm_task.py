@@ -1,0 +1,193 @@
+"""The `transformer-lm` task: `TextLanguageModel` (a prompt in, its continuation out), its
+SavedModel called by TensorFlow alone, `keras-attn predict`, and the recipe end to end.
+
+The references are independent of the text model's code: prompts tokenized by a Python
+dict, continued by the uncached full pass (each new token the argmax of the model's logits
+on the prompt and the tokens so far, padding ruled out), and joined back by hand.
+"""
+
+import io
+import json
+import os
+import sys
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_attn import models
+from keras_attn.models import cli, text
+from keras_attn.models.recipes import language_model
+from tensorflow_alone import tensorflow_alone
+
+pytestmark = pytest.mark.tensorflow_only
+
+WORDS = ["", "[UNK]", "<s>", "</s>", "the", "movie", "is", "a", "good", "bad", ".", "!", "it's"]
+PROMPTS = ["the movie is", "It's GOOD!", "", "zz the bad movie is a good movie is a bad one"]
+MAX_LENGTH, PROMPT_LENGTH = 6, 8
+
+
+@pytest.fixture(scope="module")
+def text_model():
+    keras.utils.set_random_seed(3)
+    model = models.transformer_lm(
+        len(WORDS), num_layers=1, num_heads=2, d_model=16, intermediate_dim=32,
+        sequence_length=16, dropout=0.0,
+    )  # fmt: skip
+    return text.TextLanguageModel(model, text.string_lookup(WORDS), MAX_LENGTH, PROMPT_LENGTH)
+
+
+def reference_ids(texts):
+    """`<s>` and the last 8 words, lowercased, punctuation apart, looked up in a dict."""
+    index = {word: i for i, word in enumerate(WORDS)}
+    rows = []
+    for t in texts:
+        words = t.lower().replace("!", " ! ").replace(".", " . ").split()[-PROMPT_LENGTH:]
+        rows.append([2] + [index.get(w, 1) for w in words])
+    return rows
+
+
+def reference_continue(model, texts):
+    """Greedy by the uncached full pass on each unpadded prompt, stopped at `</s>` (3)."""
+    outputs = []
+    for row in reference_ids(texts):
+        tokens, words = list(row), []
+        for _ in range(MAX_LENGTH):
+            logits = keras.ops.convert_to_numpy(model(np.array([tokens], "int32")))[0, -1]
+            token = int(np.argmax(logits[1:])) + 1  # padding (0) is never generated
+            if token == 3:
+                break
+            tokens.append(token)
+            words.append(WORDS[token])
+        outputs.append(" ".join(words))
+    return outputs
+
+
+def test_prompts_are_tokenized_as_the_reference(text_model):
+    ids = np.asarray(text_model.prompt_ids(PROMPTS))
+    expected = reference_ids(PROMPTS)
+    assert ids.shape == (4, PROMPT_LENGTH + 1)  # right-padded; the longest: <s> + its last 8
+    for row, reference in zip(ids, expected, strict=True):
+        assert row[row != 0].tolist() == reference and row[len(reference) :].sum() == 0
+    assert expected[2] == [2]  # an empty prompt: the start token alone
+    sequences = np.asarray(text_model.sequence_ids(["It's GOOD!"]))
+    assert sequences.tolist() == [[2, 12, 8, 11, 3]]  # training sequences end with </s>
+
+
+def test_greedy_continuation_equals_the_full_pass(text_model):
+    outputs = text_model.predict_text(PROMPTS)
+    assert outputs == reference_continue(text_model.language_model, PROMPTS)
+    assert any(outputs)  # (an untrained model still emits words)
+
+
+def test_sampling_is_seeded(text_model):
+    first = text_model.predict_text(PROMPTS, sampler="sample", top_k=5, seed=7)
+    assert text_model.predict_text(PROMPTS, sampler="sample", top_k=5, seed=7) == first
+    tokens = text_model.continue_ids(PROMPTS, sampler="sample", top_k=5, seed=7)
+    assert tokens.shape == (4, MAX_LENGTH) and tokens.dtype == np.int32
+
+
+def test_bad_arguments(text_model):
+    with pytest.raises(TypeError, match="`text` must be strings"):
+        text_model.predict_text(np.array([1, 2]))
+    with pytest.raises(TypeError, match="`text` must be a batch of strings"):
+        text_model.predict_text("the movie")
+    lookup = text.string_lookup(WORDS)
+    with pytest.raises(ValueError, match="must fit in the model's sequence_length=16"):
+        text.TextLanguageModel(text_model.language_model, lookup, 10, 7)
+    with pytest.raises(ValueError, match="`max_length` must be a positive integer"):
+        text.TextLanguageModel(text_model.language_model, lookup, 0, 7)
+    with pytest.raises(ValueError, match="`end_token` must be a token of the vocabulary"):
+        text.TextLanguageModel(text_model.language_model, lookup, 4, 4, end_token="<end>")
+    classifier = models.transformer_classifier(10, 4, 2, num_layers=1, d_model=8)
+    with pytest.raises(ValueError, match="must be built by keras_attn.models.transformer_lm"):
+        text.TextLanguageModel(classifier, lookup, 4, 4)
+
+
+def test_keras_file_savedmodel_and_predict_command(text_model, tmp_path, capsys, monkeypatch):
+    path = tmp_path / "transformer-lm.keras"
+    text_model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        (vocabulary,) = [n for n in archive.namelist() if n.endswith("vocabulary.txt")]
+        assert archive.read(vocabulary).decode().split("\n") == WORDS
+    expected = text_model.predict_text(PROMPTS)
+    reloaded = text.load_run("transformer-lm", str(tmp_path))
+    assert isinstance(reloaded, text.TextLanguageModel)
+    assert reloaded.predict_text(PROMPTS) == expected
+
+    reloaded.export_text(str(tmp_path / "savedmodel"))
+    assert os.listdir(tmp_path / "savedmodel" / "assets") == ["vocabulary.txt"]
+    assert tensorflow_alone(tmp_path / "savedmodel", PROMPTS) == {"text": expected}
+    loaded = tf.saved_model.load(str(tmp_path / "savedmodel"))  # the token signatures
+    prompts = np.asarray(text_model.prompt_ids(PROMPTS), "int64")
+    np.testing.assert_array_equal(
+        loaded.greedy_decode(tf.constant(prompts)), text_model.continue_ids(PROMPTS)
+    )
+    logits = loaded.serve(tf.constant(prompts))
+    np.testing.assert_allclose(logits, text_model.language_model(prompts), atol=1e-5)
+
+    runs = ["--runs-dir", str(tmp_path)]
+    assert cli.main(["predict", "transformer-lm", *PROMPTS[:2], *runs]) == 0
+    assert capsys.readouterr().out.split("\n") == [*expected[:2], ""]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the movie is\n"))
+    assert cli.main(["predict", "transformer-lm", *runs]) == 0
+    assert capsys.readouterr().out == f"{expected[0]}\n"
+
+
+def test_the_baseline_has_about_the_transformers_weights():
+    keras.utils.set_random_seed(0)
+    transformer = models.transformer_lm(500, sequence_length=16)  # d_model 64
+    units = language_model.lstm_units(transformer.count_params(), 500, 64)
+    baseline = language_model.lstm_lm(500, 64, units)
+    assert abs(baseline.count_params() / transformer.count_params() - 1) < 0.01
+    tokens = np.array([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0]], "int32")
+    logits = keras.ops.convert_to_numpy(baseline(tokens))
+    assert logits.shape == (2, 5, 500)
+    changed = tokens.copy()
+    changed[0, 2] = 11  # a later token changes nothing earlier (left to right)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(baseline(changed))[0, :2], logits[0, :2])
+
+
+def test_perplexity_counts_real_tokens_only():
+    uniform = keras.Sequential([keras.Input((None,), dtype="int32"), keras.layers.Embedding(7, 7)])
+    uniform.layers[0].set_weights([np.zeros((7, 7))])  # equal logits: perplexity = V
+    targets = np.array([[3, 4, 0, 0], [5, 0, 0, 0]], "int32")
+    value, count = language_model.perplexity(uniform, [(targets, targets)])
+    assert count == 3 and value == pytest.approx(7.0)
+
+
+@pytest.mark.slow  # trains end to end (CI time: issue 17)
+def test_train_predict_and_serve_end_to_end(tmp_path, capsys, monkeypatch):
+    """A tiny run of the recipe through the command line: the real snippets, a tiny model."""
+    monkeypatch.setattr(language_model, "TRANSFORMER", dict(num_layers=1, num_heads=2,
+                        d_model=16, intermediate_dim=32))  # fmt: skip
+    monkeypatch.setattr(language_model, "SAMPLE_SEEDS", (5,))
+    monkeypatch.setattr(language_model, "MAX_LENGTH", 8)
+    out = tmp_path / "out"
+    status = cli.main([
+        "train", "transformer-lm", "--data-dir", str(tmp_path / "tfds"), "--epochs", "1",
+        "--train-examples", "256", "--test-examples", "32", "--output", str(out),
+    ])  # fmt: skip
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "trained transformer-lm on keras_attn_rt_polarity" in printed
+    metrics = json.loads((out / "transformer-lm_metrics.json").read_text())
+    assert metrics["perplexity"] > 1 and metrics["baseline_perplexity"] > 1
+    ratio = metrics["baseline_parameters"] / metrics["parameters"]
+    assert abs(ratio - 1) < 0.01 and metrics["epochs"] == 1 and metrics["test_tokens"] > 32
+    assert [(s["prompt"], s["seed"]) for s in metrics["samples"]] == [
+        (p, seed) for seed in (None, 5) for p in language_model.PROMPTS
+    ]
+    assert (out / "transformer-lm_attention.png").read_bytes()[:4] == b"\x89PNG"
+
+    assert cli.main(["predict", "transformer-lm", "the movie is", "--runs-dir", str(out)]) == 0
+    continuation = capsys.readouterr().out
+    assert continuation.endswith("\n") and continuation.count("\n") == 1
+    # (TensorFlow alone loads an export in test_keras_file_savedmodel_and_predict_command.)
+    loaded = tf.saved_model.load(str(out / "transformer-lm_savedmodel"))
+    served = loaded.signatures["serving_default"](text=tf.constant(["the movie is"]))["text"]
+    assert served.numpy()[0].decode() == continuation[:-1]
+    greedy = [s["text"] for s in metrics["samples"] if s["seed"] is None]
+    assert continuation[:-1] == greedy[0]  # the recipe's greedy sample of the same prompt
