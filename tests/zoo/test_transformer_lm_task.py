@@ -106,6 +106,7 @@ def test_bad_arguments(text_model):
         text.TextLanguageModel(classifier, lookup, 4, 4)
 
 
+@pytest.mark.slow  # the export and a TensorFlow-alone subprocess: ~100 s on 2 busy cores
 def test_keras_file_savedmodel_and_predict_command(text_model, tmp_path, capsys, monkeypatch):
     path = tmp_path / "transformer-lm.keras"
     text_model.save(path)
