@@ -2,7 +2,8 @@
 
     keras-attn list
     keras-attn train TASK [--dataset NAME] [--data-dir DIR] [--epochs N]
-                          [--export DIR] [--plot FILE] [--output DIR] ...
+                          [--attention additive|none] [--export DIR] [--plot FILE]
+                          [--output DIR] ...
     keras-attn predict TASK [TEXT ...] [--runs-dir DIR]
 
 The default of every generated task needs no network: its tfds builder
@@ -41,8 +42,10 @@ outputs (OUTPUT is ./{OUTPUT} unless --output says otherwise):
                                 it after `import keras_attn.models`)
   OUTPUT/TASK_savedmodel/       a SavedModel for serving, text in and out for text tasks
                                 (--export DIR instead)
-  OUTPUT/TASK_attention.png     attention weights of one test example (--plot FILE instead)
-  OUTPUT/TASK_metrics.json      the test metrics and the training losses
+  OUTPUT/TASK_attention.png     attention weights of one test example (--plot FILE instead;
+                                none for a model without attention)
+  OUTPUT/TASK_metrics.json      the test metrics (translation: `bleu`, corpus BLEU of the
+                                test split) and the training losses
 
 TensorFlow's own log lines are hidden unless TF_CPP_MIN_LOG_LEVEL is set (e.g. to 0).
 """
@@ -160,6 +163,11 @@ def _parser():
         help="imdb tasks: the classifier's pooling (default: attention; mean is the ablation)",
     )  # fmt: skip
     add(
+        "--attention", choices=["additive", "none"],
+        help="ted-translate, rnn-attention-reverse: the RNN encoder-decoder with additive "
+        "(Bahdanau) attention, or the same RNN without attention (default: the task's model)",
+    )  # fmt: skip
+    add(
         "--backup-dir",
         help="checkpoint here every epoch; a killed run resumes from it (delete it to start over)",
     )
@@ -233,7 +241,7 @@ def _flag_error(args, recipes):
     if args.task not in recipes.TASKS:
         return f"unknown task {args.task!r}; see `keras-attn list`"
     run = recipes.TASKS[args.task][1]
-    for flag in ("n", "eval_n", "pooling"):
+    for flag in ("n", "eval_n", "pooling", "attention"):
         value = getattr(args, flag)
         if value is not None and flag not in run.options:
             takes = [t for t, (_, r) in recipes.TASKS.items() if flag in r.options]
@@ -293,6 +301,7 @@ def main(argv=None):
         strategy=args.strategy,
         backup_dir=args.backup_dir,
         pooling=args.pooling,
+        attention=args.attention,
     )
     try:
         result = recipes.train(args.task, settings)
@@ -316,13 +325,17 @@ def main(argv=None):
     # Written next to their paths and renamed into place: a kill leaves no half files.
     write_atomically(paths["keras"], (result.text_model or result.model).save)
     write_atomically(paths["savedmodel"], result.export)
-    result.plot(paths["plot"])
+    if result.plot is None:  # a model without attention weights
+        del paths["plot"]
+    else:
+        result.plot(paths["plot"])
     history = getattr(result.model, "history", None)  # Keras' `History` of the last `fit`
     losses = {"loss": history.history.get("loss", [])} if history else {}
     with open(paths["metrics"], "w") as f:
-        json.dump(
-            {"task": args.task, "dataset": result.dataset, **result.metrics, **losses}, f, indent=1
-        )
+        header = {"task": args.task, "dataset": result.dataset}
+        if args.attention:
+            header["attention"] = args.attention
+        json.dump({**header, **result.metrics, **losses}, f, indent=1)
     print(f"trained {args.task} on {result.dataset}")
     for metric, value in result.metrics.items():  # lists (losses, samples): in the JSON only
         if isinstance(value, float):

@@ -56,7 +56,12 @@ TASKS = {
     ),
     "rnn-attention-reverse": (
         "RNN seq2seq, additive attention, reversing 5-20 tokens: keras_attn_seq2seq/reverse-5-20",
-        seq2seq_task("rnn-attention-reverse", "keras_attn_seq2seq/reverse-5-20", "rnn"),
+        seq2seq_task(
+            "rnn-attention-reverse",
+            "keras_attn_seq2seq/reverse-5-20",
+            "rnn",
+            choose_attention=True,
+        ),
     ),
     "imdb-transformer": (
         "Transformer classifier (attention pooling) on imdb_reviews (prepared, or --download)",
@@ -72,8 +77,11 @@ TASKS = {
         language_model_task("transformer-lm", "keras_attn_rt_polarity"),
     ),
     "ted-translate": (
-        "Transformer pt->en: ted_hrlr_translate/pt_to_en (prepared in --data-dir, or --download)",
-        seq2seq_task("ted-translate", "ted_hrlr_translate/pt_to_en", "transformer"),
+        "Transformer pt->en (--attention: the RNN instead), BLEU: ted_hrlr_translate/pt_to_en "
+        "(prepared in --data-dir, or --download)",
+        seq2seq_task(
+            "ted-translate", "ted_hrlr_translate/pt_to_en", "transformer", choose_attention=True
+        ),
     ),
 }
 

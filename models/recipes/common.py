@@ -39,6 +39,9 @@ class Settings:
     backup_dir: str | None = None
     # Text classifiers: "attention" (the task's default) or "mean" (the ablation).
     pooling: str | None = None
+    # Seq2seq tasks that take it: the RNN with "additive" attention or with "none"
+    # instead of the task's model (None: the task's model).
+    attention: str | None = None
 
     def __post_init__(self):
         for name, low in (("epochs", 1), ("train_examples", 1), ("test_examples", 1),
@@ -68,7 +71,7 @@ class Result:
     model: keras.Model
     metrics: dict
     export: object  # callable(path): writes a SavedModel
-    plot: object  # callable(path): writes a PNG of attention weights
+    plot: object  # callable(path): writes a PNG of attention weights; None: a model without
     # Text tasks: the model with its preprocessing (`keras_attn.models.text`), saved as
     # TASK.keras instead of `model`; `export` writes its text SavedModel.
     text_model: keras.Model | None = None

@@ -1,11 +1,19 @@
-"""Seq2seq recipes on text pairs: the generated tasks and ted_hrlr_translate.
+"""Seq2seq recipes on text pairs: the generated tasks and real translation pairs.
 
 Each task trains `epochs` passes over its first `train_examples` pairs (the task's
 `Training` defaults unless `Settings` says otherwise) with Adam, a linear warmup and
 a cosine decay to zero, then greedy-decodes the first `test_examples` test pairs with
 the KV cache and reports `exact_match`: the share of decoded sequences equal to the
-target, token for token. The plot and the printed example are the first test pair,
-whether decoded right or not.
+target, token for token. On real text (any dataset but the generated
+`keras_attn_seq2seq`) it also reports `bleu`: corpus BLEU in points of the decoded
+text, words joined with spaces, against the test targets (`keras_attn.models.bleu`).
+Decoding, in the evaluation and in the export, stops after the longest training
+target plus its end token: no length is read from the test split. The plot and the
+printed example are the first test pair, whether decoded right or not.
+
+`Settings.attention` (`--attention`) replaces the model of the tasks that take it by
+the RNN encoder-decoder with additive (Bahdanau) attention (`"additive"`) or the same
+RNN without attention (`"none"`), so one task compares the families on one dataset.
 """
 
 import dataclasses
@@ -16,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn import models
-from keras_attn.models import text
+from keras_attn.models import bleu, text
 from keras_attn.models.recipes.common import (
     END,
     START,
@@ -31,6 +39,8 @@ from keras_attn.models.recipes.common import (
 # ---------------------------------------------------------------------------
 # Seq2seq on text pairs: generated tasks and ted_hrlr_translate
 # ---------------------------------------------------------------------------
+
+GENERATED = "keras_attn_seq2seq"  # the project's generated pairs: exact match, no BLEU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +65,21 @@ class Training:
     dropout: float = 0.1
 
 
-def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
-    """The recipe of a seq2seq task: `architecture` ("transformer" or "rnn") on text pairs."""
+ATTENTION = ("additive", "none")  # `Settings.attention`: the RNN's score, or none
+
+
+def seq2seq_task(
+    task_name, default_dataset, architecture, training=Training(), choose_attention=False
+):
+    """The recipe of a seq2seq task: `architecture` ("transformer" or "rnn") on text pairs.
+
+    With `choose_attention` the task takes `Settings.attention`: the RNN with additive
+    attention or with none instead of `architecture`.
+    """
 
     def run(settings):
         name = settings.dataset or default_dataset
+        family, score = _family(architecture, settings.attention if choose_attention else None)
         count = settings.train_examples or training.train_examples
         epochs = settings.epochs or training.epochs
         # `take` before `cache`: the cache then holds exactly what every epoch reads.
@@ -81,7 +101,7 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
         batched = train.shuffle(count, seed=settings.seed).batch(settings.batch_size)
         keras.utils.set_random_seed(settings.seed)
         model = _seq2seq_model(
-            architecture, source_vectorizer.vocabulary_size(), len(vocab), training.dropout
+            family, score, source_vectorizer.vocabulary_size(), len(vocab), training.dropout
         )
         steps = epochs * math.ceil(dataset_size(train) / settings.batch_size)
         model.compile(
@@ -94,29 +114,33 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
             callbacks=settings.callbacks(),
         )  # fmt: skip
 
+        # Decoding stops at the longest training target plus its end token, here and in
+        # the export: the test split gives no length.
+        max_length = _longest(train.map(lambda s, t: t)) + 1
         sources, targets = zip(*test.as_numpy_iterator(), strict=True)
         source_ids = np.asarray(source_vectorizer(np.array(sources)))
-        max_length = int(np.asarray(target_vectorizer(np.array(targets))).shape[1]) + 1
         decoded = np.asarray(models.greedy_decode(model, source_ids, max_length, start_id, end_id))
         words = np.array(vocab)
         outputs = [" ".join(words[row[(row != 0) & (row != end_id)]]) for row in decoded]
         expected = [t.decode() for t in targets]
         exact = np.mean([o == e for o, e in zip(outputs, expected, strict=True)])
         metrics = {"exact_match": float(exact)}
+        if not name.startswith(GENERATED):  # real text: BLEU of the text as a reader sees it
+            metrics["bleu"] = bleu.corpus_bleu(outputs, expected)
         verdict = "right" if outputs[0] == expected[0] else "wrong"
         print(f"first test pair ({verdict}; the plot shows it):")
         print(f"  source:   {sources[0].decode()}")
         print(f"  expected: {expected[0]}\n  decoded:  {outputs[0]}")
 
         # Text in, text out: the vocabularies with the model. Sources are cut to the longest
-        # training source; decoding stops at the longest target seen, plus its end token.
+        # training source; decoding stops where the evaluation's did.
         source_length = _longest(train.map(lambda s, t: s))
         text_model = text.TextSeq2Seq(
             model,
             text.string_lookup(source_vectorizer.get_vocabulary()),
             text.string_lookup(vocab),
             source_length,
-            max(max_length, _longest(train.map(lambda s, t: t)) + 1),
+            max_length,
             START,
             END,
         )
@@ -137,11 +161,12 @@ def seq2seq_task(task_name, default_dataset, architecture, training=Training()):
             )
             plotting.save_figure(fig, path)
 
-        return Result(name, model, metrics, export, plot, text_model)
+        attends = family == "transformer" or score is not None  # else no weights to plot
+        return Result(name, model, metrics, export, plot if attends else None, text_model)
 
     run.__name__ = task_name
     run.training = training
-    run.options = set()  # no `Settings` field that only some kinds of task read
+    run.options = {"attention"} if choose_attention else set()  # `Settings` fields it reads
     run.defaults = f"{training.epochs} epochs over {training.train_examples:,} examples"
     return run
 
@@ -158,13 +183,24 @@ def _longest(texts):
     return int(words.reduce(tf.constant(1), tf.maximum))
 
 
-def _seq2seq_model(architecture, source_vocab, target_vocab, dropout):
+def _family(architecture, attention):
+    """`(architecture, RNN score)` of a run: the task's model unless `attention` names one."""
+    if attention is None:
+        return architecture, "additive" if architecture == "rnn" else None
+    if attention not in ATTENTION:
+        raise ValueError(
+            f"`attention` must be None or one of {ATTENTION}. Received: attention={attention!r}"
+        )
+    return "rnn", "additive" if attention == "additive" else None
+
+
+def _seq2seq_model(architecture, score, source_vocab, target_vocab, dropout):
     if architecture == "transformer":
         return models.transformer_seq2seq(
             source_vocab, target_vocab, num_layers=2, num_heads=4, d_model=64,
             intermediate_dim=128, dropout=dropout,
         )  # fmt: skip
-    return models.rnn_seq2seq(source_vocab, target_vocab, 64, 128, score="additive")
+    return models.rnn_seq2seq(source_vocab, target_vocab, 64, 128, score=score)
 
 
 def cross_attention_weights(model, source_ids, decoded, start_id):
