@@ -15,6 +15,7 @@ The pointer networks' decoding (`pointer_decode`, `polygon_decode`,
 no TensorFlow (only the export does).
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -137,6 +138,34 @@ def check_lengths(
     return int(max_length), *(None if v is None else int(v) for v in (start_id, end_id))
 
 
+def check_suppress_ids(
+    suppress_ids: Sequence[int] | np.ndarray, vocab_size: int | None = None
+) -> tuple[int, ...]:
+    """`suppress_ids` as a sorted tuple of Python ints (NumPy ones taken), or `ValueError`.
+
+    A list, tuple, set or 1-D array of token ids in `[0, vocab_size)` (when `vocab_size` is
+    given) that leaves a token besides padding to generate.
+    """
+    values = suppress_ids
+    if isinstance(values, np.ndarray):
+        values = values.tolist() if values.ndim == 1 else None  # NumPy ints -> Python ints
+    in_range = f" in [0, vocab_size={vocab_size})" if vocab_size is not None else ""
+    if not isinstance(values, list | tuple | set | frozenset | range) or not all(
+        is_int(v) and 0 <= v < (vocab_size or np.inf) for v in values
+    ):
+        raise ValueError(
+            f"`suppress_ids` must be a sequence of token ids{in_range}. "
+            f"Received: suppress_ids={suppress_ids!r}"
+        )
+    values = tuple(sorted({int(v) for v in values}))
+    if vocab_size is not None and len({0, *values}) >= vocab_size:
+        raise ValueError(
+            "`suppress_ids` must leave a token besides padding (0) to generate. "
+            f"Received: suppress_ids={suppress_ids!r}"
+        )
+    return values
+
+
 def first_tokens(steps: Any, encoder_inputs: TensorLike, start_id: int | None) -> TensorLike:
     """The `(B,)` int32 tokens fed at the first step: `start_id`, or a language model's prompt's.
 
@@ -167,10 +196,11 @@ def greedy_decode(
     start_id: int | None = None,
     end_id: int | None = None,
     steps: Any = None,
+    suppress_ids: Sequence[int] | np.ndarray = (),
 ) -> TensorLike:
     """Greedy decoding: `y_t = argmax_v p(v | y_<t, x)`, one cached step per token.
 
-    Token 0 (padding) is never emitted before the end.
+    Token 0 (padding) and the `suppress_ids` are never emitted before the end.
 
     Args:
         model: a zoo seq2seq model (`transformer_seq2seq` or `rnn_seq2seq`),
@@ -185,6 +215,8 @@ def greedy_decode(
         end_id: when given, an example stops at its first `end_id` (kept in
             the output) and is padded with 0 after it.
         steps: a decoding-steps object; by default `decoding_steps(model)`.
+        suppress_ids: token ids never emitted (an OOV token, say): their logits are
+            `-inf` before the argmax (the argmax over the other tokens).
 
     Returns:
         int32 `(B, max_length)` tokens (a tensor; runs eagerly or inside a
@@ -199,11 +231,12 @@ def greedy_decode(
     """
     max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
     steps = steps or decoding_steps(model)
+    suppress_ids = check_suppress_ids(suppress_ids, getattr(steps, "vocab_size", None))
 
     def choose(logits, index):
         return greedy_tokens(logits)
 
-    return _decode(steps, encoder_inputs, max_length, start_id, end_id, choose)
+    return _decode(steps, encoder_inputs, max_length, start_id, end_id, choose, suppress_ids)
 
 
 def sample_decode(
@@ -217,6 +250,7 @@ def sample_decode(
     top_p: float | None = None,
     seed: int | None = None,
     steps: Any = None,
+    suppress_ids: Sequence[int] | np.ndarray = (),
 ) -> TensorLike:
     """Sampled decoding: `y_t ~ softmax(logits_t / temperature)`, truncated to top-k / top-p.
 
@@ -227,10 +261,11 @@ def sample_decode(
     tokens. The uniform draws, one per step and example, come from
     `keras.random.uniform` with `seed`: a fixed integer seed gives the same
     tokens at every call; `None` draws from Keras' global seed generator
-    (`keras.utils.set_random_seed`). Token 0 (padding) is never drawn.
+    (`keras.utils.set_random_seed`). Token 0 (padding) and the `suppress_ids` are never
+    drawn: their logits are `-inf` before the temperature, top-k and top-p.
 
     Args:
-        model, encoder_inputs, max_length, start_id, end_id, steps: as in
+        model, encoder_inputs, max_length, start_id, end_id, steps, suppress_ids: as in
             `greedy_decode`.
         temperature: positive number dividing the logits (1 samples the
             model's distribution; below 1 is sharper).
@@ -260,17 +295,19 @@ def sample_decode(
     max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
     temperature, top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
     steps = steps or decoding_steps(model)
+    suppress_ids = check_suppress_ids(suppress_ids, getattr(steps, "vocab_size", None))
     batch = ops.shape(ops.convert_to_tensor(encoder_inputs))[0]
     uniform = keras.random.uniform((max_length, batch), seed=seed)  # one draw per step and row
 
     def choose(logits, index):
         return sample_tokens(logits, ops.take(uniform, index, axis=0), temperature, top_k, top_p)
 
-    return _decode(steps, encoder_inputs, max_length, start_id, end_id, choose)
+    return _decode(steps, encoder_inputs, max_length, start_id, end_id, choose, suppress_ids)
 
 
-def _decode(steps, encoder_inputs, max_length, start_id, end_id, choose):
-    """The cached decoding loop; `choose(logits (B, V), index) -> (B,)` picks each token."""
+def _decode(steps, encoder_inputs, max_length, start_id, end_id, choose, suppress_ids=()):
+    """The cached decoding loop; `choose(logits (B, V), index) -> (B,)` picks each token
+    among those not ruled out (padding, `suppress_ids`: `_ruled_out`)."""
     encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
     batch = ops.shape(encoder_inputs)[0]
     tokens = first_tokens(steps, encoder_inputs, start_id)
@@ -281,7 +318,7 @@ def _decode(steps, encoder_inputs, max_length, start_id, end_id, choose):
     def body(index, carry):
         tokens, outputs, finished, state = carry
         logits, state = steps.step(tokens, index, state)
-        tokens = choose(_without_padding(logits), index)
+        tokens = choose(_ruled_out(logits, suppress_ids), index)
         tokens = ops.where(finished, 0, tokens)
         if end_id is not None:
             finished = ops.logical_or(finished, ops.equal(tokens, end_id))
@@ -292,10 +329,16 @@ def _decode(steps, encoder_inputs, max_length, start_id, end_id, choose):
     return outputs
 
 
-def _without_padding(logits):
-    """Logits with token 0 (padding, never a real output token) ruled out (`-inf`)."""
-    is_padding = ops.equal(ops.arange(ops.shape(logits)[-1]), 0)
-    return ops.where(is_padding, ops.cast(float("-inf"), logits.dtype), logits)
+def _ruled_out(logits, suppress_ids=()):
+    """Logits `(B, V)` with token 0 (padding, never a real output token) and the
+    `suppress_ids` (checked Python ints) ruled out: `-inf`.
+
+    The ids are a constant of the trace: one compiled loop per setting.
+    """
+    ids = ops.convert_to_tensor(np.array((0, *suppress_ids), "int32"))  # (K,)
+    vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")  # (V,)
+    ruled_out = ops.any(ops.equal(ops.expand_dims(vocabulary, -1), ids), axis=-1)  # (V,)
+    return ops.where(ruled_out, ops.cast(float("-inf"), logits.dtype), logits)
 
 
 def _length_penalty(length, alpha):
@@ -311,12 +354,13 @@ def beam_search(
     end_id: int | None = None,
     beam_width: int = 4,
     length_penalty: float = 0.6,
+    suppress_ids: Sequence[int] | np.ndarray = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Beam search over cached decoding steps, ranking `log p(Y | x) / lp(|Y|)`.
 
     Keeps the `beam_width` best prefixes of every example; a prefix that
     emitted `end_id` is finished and only extends with padding at no cost
-    (padding is never emitted otherwise).
+    (padding is never emitted otherwise, nor are the `suppress_ids`).
     Hypotheses are ranked by their log-probability divided by GNMT's length
     penalty `lp(|Y|) = ((5 + |Y|) / 6) ** length_penalty` (0 ranks by
     log-probability alone). With `beam_width=1` this is greedy decoding.
@@ -331,6 +375,7 @@ def beam_search(
         end_id: the end-of-sequence token (required).
         beam_width: hypotheses kept per example.
         length_penalty: the exponent `alpha`.
+        suppress_ids: token ids never emitted (as in `greedy_decode`).
 
     Returns:
         `(tokens, scores)`: int32 NumPy `(B, max_length)` (0 after `end_id`)
@@ -355,6 +400,7 @@ def beam_search(
         raise ValueError(f"`beam_width` must be a positive integer. Received: {beam_width!r}")
     beam_width = int(beam_width)
     steps = decoding_steps(model)
+    suppress_ids = check_suppress_ids(suppress_ids, getattr(steps, "vocab_size", None))
     source = np.asarray(encoder_inputs, "int32")
     batch, width = source.shape[0], beam_width
     source = np.repeat(source, width, axis=0)  # (B*K, S)
@@ -367,7 +413,7 @@ def beam_search(
     sequences = np.zeros((batch, width, max_length), "int32")
     for index in range(max_length):
         logits, state = steps.step(tokens, index, state)
-        logits = _without_padding(ops.cast(logits, "float32"))
+        logits = _ruled_out(ops.cast(logits, "float32"), suppress_ids)
         step_log_probs = ops.convert_to_numpy(ops.log_softmax(logits)).astype("float64")
         vocab = step_log_probs.shape[-1]
         step_log_probs = step_log_probs.reshape(batch, width, vocab)

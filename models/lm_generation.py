@@ -1,6 +1,7 @@
 """`generate`: a language model's continuation of its prompts, compiled where the backend allows."""
 
 import weakref
+from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -28,6 +29,7 @@ def generate(
     beam_width: int = 4,
     length_penalty: float = 0.6,
     jit_compile: bool = True,
+    suppress_ids: Sequence[int] | np.ndarray = (),
 ) -> np.ndarray:
     """The next `max_length` tokens of a `transformer_lm` after each prompt.
 
@@ -39,12 +41,17 @@ def generate(
     token this is the uncached full pass: greedy tokens are the argmax of
     `model(prompt + tokens so far)[:, -1]` (tested).
 
+    Padding (token 0) and the `suppress_ids` (an OOV token, say) are never
+    generated: their logits are set to `-inf` inside the loop, before greedy's
+    argmax, before the temperature, top-k and top-p of sampling, and before
+    beam search ranks its candidates.
+
     Prompts may be padded (token 0) on either side: each row is continued
     from its own last real token, at its own positions, as if unpadded. The
     greedy and sampled loops run compiled with `jit_compile=True`: one
     `tf.function(jit_compile=True)` (XLA) on TensorFlow, one `jax.jit` on JAX
     (the weights passed as arguments, so later training is seen), traced
-    once per model, settings and prompt shape; torch runs eagerly, as does
+    once per model, settings (`suppress_ids` included) and prompt shape; torch runs eagerly, as does
     beam search (its ranking is NumPy).
 
     Args:
@@ -60,6 +67,9 @@ def generate(
         beam_width, length_penalty: of `"beam"` (see `beam_search`; it needs
             `end_id`).
         jit_compile: compile the loop (TensorFlow, JAX).
+        suppress_ids: token ids never generated: a list, tuple, set or 1-D
+            array of ints in `[0, vocab_size)` that leaves another token than
+            padding.
 
     Returns:
         int32 NumPy `(B, max_length)`: the new tokens.
@@ -89,18 +99,19 @@ def generate(
     prompts = np.asarray(ops.convert_to_numpy(prompts))
     steps = LanguageModelSteps(model)
     check_prompts(prompts, steps.vocab_size, max_length, steps.sequence_length)
+    suppress_ids = decoding.check_suppress_ids(suppress_ids, steps.vocab_size)
     prompts = prompts.astype("int32")
     if sampler == "beam":
         tokens, _ = decoding.beam_search(
             model, prompts, max_length, end_id=end_id, beam_width=beam_width,
-            length_penalty=length_penalty,
+            length_penalty=length_penalty, suppress_ids=suppress_ids,
         )  # fmt: skip
         return tokens
     if sampler == "sample":
         check_sampling(temperature, top_k, top_p, seed)
-        settings = (max_length, end_id, temperature, top_k, top_p)
+        settings = (max_length, end_id, suppress_ids, temperature, top_k, top_p)
     else:
-        settings = (max_length, end_id)
+        settings = (max_length, end_id, suppress_ids)
     uniform = keras.random.uniform((max_length, prompts.shape[0]), seed=seed)  # (steps, B)
 
     def loop(prompts, uniform):
@@ -111,7 +122,7 @@ def generate(
             return sample_tokens(logits, row, temperature, top_k, top_p)
 
         return decoding._decode(
-            LanguageModelSteps(model), prompts, max_length, None, end_id, choose
+            LanguageModelSteps(model), prompts, max_length, None, end_id, choose, suppress_ids
         )
 
     if not jit_compile or keras.backend.backend() == "torch":

@@ -106,6 +106,9 @@ def sample_tokens(
     cdf = ops.cumsum(probs, axis=-1)  # (B, k), unnormalized
     threshold = ops.expand_dims(ops.cast(uniform, "float32"), -1) * cdf[:, -1:]  # (B, 1)
     rank = ops.sum(ops.cast(ops.less_equal(cdf, threshold), "int32"), axis=-1)  # (B,)
-    rank = ops.minimum(rank, k - 1)  # uniform < 1, so only rounding could reach k
+    # uniform < 1, so only rounding could pass the last kept (nonzero) candidate, and a
+    # ruled-out (-inf) token is never kept.
+    kept = ops.sum(ops.cast(probs > 0, "int32"), axis=-1)  # (B,), a prefix: probs decrease
+    rank = ops.minimum(rank, ops.maximum(kept, 1) - 1)
     chosen = ops.take_along_axis(ids, ops.expand_dims(rank, -1), axis=-1)  # (B, 1)
     return ops.cast(chosen[:, 0], "int32")

@@ -14,7 +14,8 @@ Bad text input, the same in Python and in the SavedModel:
 
 - an empty (or all-blank) string gives an empty output (seq2seq), the model's answer
   on no words (classifiers), or a continuation of the start token alone (language model);
-- a word the vocabulary does not hold becomes the OOV token `[UNK]` (id 1);
+- a word the vocabulary does not hold becomes the OOV token `[UNK]` (id 1); a language
+  model never generates `[UNK]` (`TextLanguageModel`'s `suppress_tokens`);
 - an input longer than the model's length is truncated: its first `source_length`
   words (seq2seq), the first `sequence_length` words of a review, the first
   `max_sentences` sentences of `max_words` words (HAN), the last `prompt_length` words of
@@ -333,7 +334,9 @@ class TextLanguageModel(keras.Model):
     the start token, as every training sequence began. `keras_attn.models.generate` then
     continues it by at most `max_length` tokens (greedy, sampled or beam, KV-cached; the
     prompts are right-padded here and `generate` left-aligns them), and the new words up to
-    the end token are joined with spaces: the continuation, without the prompt.
+    the end token are joined with spaces: the continuation, without the prompt. The
+    `suppress_tokens` (by default the OOV token `[UNK]`: a word, not a placeholder) are
+    never generated, nor is padding; `predict_text`, `continue_ids` and the SavedModel alike.
 
     Args:
         language_model: the token model, a `transformer_lm`: tokens `(B, T)` -> logits.
@@ -343,6 +346,8 @@ class TextLanguageModel(keras.Model):
         prompt_length: the most prompt words kept (its last ones). With learned positions
             `prompt_length + max_length` must fit in the model's `sequence_length`.
         start_token, end_token: the vocabulary's start and end tokens.
+        suppress_tokens: tokens of the vocabulary never generated (`generate`'s
+            `suppress_ids`); `()` lets the model generate `[UNK]`.
 
     Call arguments:
         inputs: the token model's inputs; returns its logits (`model.fit` trains it).
@@ -362,6 +367,7 @@ class TextLanguageModel(keras.Model):
         prompt_length: int,
         start_token: str = "<s>",
         end_token: str = "</s>",
+        suppress_tokens: tuple | list = (OOV,),
         **kwargs,
     ):
         from keras_attn.models.transformer_lm import LanguageModelSteps
@@ -388,7 +394,15 @@ class TextLanguageModel(keras.Model):
         self.prompt_length = prompt_length
         self.start_token = start_token
         self.end_token = end_token
+        if isinstance(suppress_tokens, str) or not all(isinstance(t, str) for t in suppress_tokens):
+            raise ValueError(
+                "`suppress_tokens` must be a list or tuple of tokens of the vocabulary. "
+                f"Received: suppress_tokens={suppress_tokens!r}"
+            )
+        self.suppress_tokens = tuple(suppress_tokens)
         _check_tokens(lookup, start_token=start_token, end_token=end_token)
+        for token in self.suppress_tokens:
+            _check_tokens(lookup, suppress_tokens=token)
         self.built = True
 
     @property
@@ -426,13 +440,18 @@ class TextLanguageModel(keras.Model):
     def _end_id(self):
         return self.lookup.get_vocabulary().index(self.end_token)
 
+    def _suppress_ids(self):
+        vocabulary = self.lookup.get_vocabulary()
+        return tuple(vocabulary.index(token) for token in self.suppress_tokens)
+
     def continue_ids(self, text, **generation) -> np.ndarray:
         """The new tokens after each prompt: int32 `(B, max_length)`, 0 after the end token.
 
         Args:
             text: prompts `(B,)`.
             **generation: `sampler` (`"greedy"`, `"sample"`, `"beam"`), `temperature`,
-                `top_k`, `top_p`, `seed`, `jit_compile` (here False unless given) ... of
+                `top_k`, `top_p`, `seed`, `jit_compile` (here False unless given),
+                `suppress_ids` (here the ids of `suppress_tokens` unless given) ... of
                 `keras_attn.models.generate`.
         """
         from keras_attn.models.lm_generation import generate
@@ -440,6 +459,7 @@ class TextLanguageModel(keras.Model):
         prompts = np.asarray(self.prompt_ids(text))
         # Eager by default: compiling the loop (XLA) takes longer than a few prompts' decoding.
         generation.setdefault("jit_compile", False)
+        generation.setdefault("suppress_ids", self._suppress_ids())
         return generate(self.language_model, prompts, self.max_length, self._end_id(), **generation)
 
     def predict_text(self, text, **generation) -> list:
@@ -459,7 +479,8 @@ class TextLanguageModel(keras.Model):
         return [t.decode("utf-8") for t in _join_words(tokens, vocabulary, self.end_token).numpy()]
 
     def export_text(self, path: str) -> None:
-        """A SavedModel of a prompt in, its greedy continuation out, the vocabulary in `assets/`.
+        """A SavedModel of a prompt in, its greedy continuation out (no `suppress_tokens`), the
+        vocabulary in `assets/`.
 
         Signatures: `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`;
         `greedy_decode`: prompt ids `prompts` `(B, P)` int64 (0 = padding, either side) ->
@@ -473,7 +494,7 @@ class TextLanguageModel(keras.Model):
         from keras_attn.models.decoding import greedy_decode
 
         _check_export_backend()
-        model, end_id = self.language_model, self._end_id()
+        model, end_id, suppress_ids = self.language_model, self._end_id(), self._suppress_ids()
         archive = keras.export.ExportArchive()
         archive.track(model)
 
@@ -482,7 +503,10 @@ class TextLanguageModel(keras.Model):
             input_signature=[tf.TensorSpec((None, None), tf.int64, name="prompts")], autograph=False
         )
         def decoder(prompts):
-            return greedy_decode(model, tf.cast(prompts, tf.int32), self.max_length, None, end_id)
+            prompts = tf.cast(prompts, tf.int32)
+            return greedy_decode(
+                model, prompts, self.max_length, None, end_id, suppress_ids=suppress_ids
+            )
 
         archive.add_endpoint("greedy_decode", decoder)
         archive.add_endpoint(
@@ -519,6 +543,7 @@ class TextLanguageModel(keras.Model):
                 "prompt_length": self.prompt_length,
                 "start_token": self.start_token,
                 "end_token": self.end_token,
+                "suppress_tokens": list(self.suppress_tokens),
             }
         )
         return config

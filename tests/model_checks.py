@@ -89,3 +89,19 @@ def padded_tokens(rng, batch, length, vocab, min_length=2):
     for row, size in zip(tokens, rng.integers(min_length, length + 1, size=batch), strict=True):
         row[size:] = 0
     return tokens
+
+
+def favour_token(model, token, margin=8.0):
+    """Makes `token` a `transformer_lm`'s (pre-norm, tied output) likeliest next token
+    everywhere, by about `margin` logits: `final_norm`'s offset and `token`'s embedding row
+    both move along one unit direction `u` (`logit = x . E[token]` gains about `margin`).
+    """
+    d_model = model.get_layer("final_norm").beta.shape[0]
+    u = np.random.default_rng(token).normal(size=d_model)
+    u = (u / np.linalg.norm(u)).astype("float32")
+    norm, table = model.get_layer("final_norm"), model.get_layer("token_embedding").embeddings
+    norm.beta.assign(keras.ops.convert_to_numpy(norm.beta) + np.sqrt(margin) * u)
+    rows = keras.ops.convert_to_numpy(table).copy()
+    rows[token] += np.sqrt(margin) * u
+    table.assign(rows)
+    return model

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from keras_attn import testing
-from model_checks import check_model, padded_tokens
+from model_checks import check_model, favour_token, padded_tokens
 
 pytestmark = pytest.mark.backends  # fit, reload and generation on every backend
 
@@ -70,23 +70,25 @@ def _last_logits(model, rows):
     return _np(model(batch))[np.arange(len(rows)), [len(row) - 1 for row in rows]]
 
 
-def _reference(model, prompts, new, choose):
+def _reference(model, prompts, new, choose, suppress=()):
     """Generation by the uncached full pass: `choose(logits (B, V), step) -> (B,) tokens`.
 
-    Each step runs the model on every row's real prompt and tokens so far.
+    Each step runs the model on every row's real prompt and tokens so far; padding and
+    the `suppress` ids are ruled out (`-inf`) before `choose`.
     """
     rows = [[int(t) for t in prompt if t] for prompt in prompts]
     out = np.zeros((len(prompts), new), "int32")
     for t in range(new):
         logits = _last_logits(model, rows)
-        logits[:, 0] = -np.inf  # padding is never generated
+        logits[:, [0, *suppress]] = -np.inf  # padding is never generated
         out[:, t] = choose(logits, t)
         rows = [row + [int(token)] for row, token in zip(rows, out[:, t], strict=True)]
     return out
 
 
-def _greedy_reference(model, prompts, new):
-    return _reference(model, prompts, new, lambda logits, t: np.argmax(logits, axis=-1))
+def _greedy_reference(model, prompts, new, suppress=()):
+    """The argmax over the allowed ids (not padding, not `suppress`) at each step."""
+    return _reference(model, prompts, new, lambda logits, t: np.argmax(logits, axis=-1), suppress)
 
 
 def test_fits_and_reloads(tmp_path):
@@ -160,6 +162,92 @@ def test_compiled_generation_equals_the_full_pass():
     for weight in model.weights:  # the compiled function reads the weights when it runs
         weight.assign(weight * 1.5)
     np.testing.assert_array_equal(generate(model, PROMPTS, 4), _greedy_reference(model, PROMPTS, 4))
+
+
+def test_greedy_with_suppressed_ids_equals_the_full_pass():
+    """The argmax over the allowed ids, token by token: greedy, greedy_decode, width-1 beam."""
+    from keras_attn.models import generate, greedy_decode
+
+    model = _lm()
+    free = _greedy_reference(model, PROMPTS, 4)
+    suppress = np.unique(free[:, :2])  # the tokens it would have started with (NumPy ints)
+    expected = _greedy_reference(model, PROMPTS, 4, tuple(suppress))
+    assert not np.isin(expected, suppress).any() and not (expected == free).all()
+    got = generate(model, PROMPTS, 4, jit_compile=False, suppress_ids=suppress)
+    np.testing.assert_array_equal(got, expected)
+    left = _left_padded(PROMPTS)
+    np.testing.assert_array_equal(
+        _np(greedy_decode(model, left, 4, suppress_ids=suppress)), expected
+    )
+    end_id = int(expected[0, 1])
+    beam = generate(model, PROMPTS, 4, end_id, "beam", beam_width=1, suppress_ids=list(suppress))
+    stopped = generate(model, PROMPTS, 4, end_id, jit_compile=False, suppress_ids=suppress)
+    np.testing.assert_array_equal(beam, stopped)
+    last = int(np.flatnonzero(expected[0] == end_id)[0])  # row 0 ends there (kept)
+    np.testing.assert_array_equal(stopped[0, : last + 1], expected[0, : last + 1])
+    assert not stopped[0, last + 1 :].any()
+
+
+@pytest.mark.xla
+def test_compiled_generation_with_suppressed_ids():
+    """Compiled: the same tokens as the full pass; one trace per `suppress_ids` setting."""
+    from keras_attn.models import generate
+    from keras_attn.models.lm_generation import _COMPILED
+
+    model = _lm(num_layers=1)
+    suppress = tuple(np.unique(_greedy_reference(model, PROMPTS, 2)))
+    expected = _greedy_reference(model, PROMPTS, 4, suppress)
+    np.testing.assert_array_equal(generate(model, PROMPTS, 4, suppress_ids=suppress), expected)
+    np.testing.assert_array_equal(
+        generate(model, PROMPTS, 4, suppress_ids=suppress[::-1]), expected
+    )
+    assert len(_COMPILED[model]) == 1  # the same setting, in any order: one trace
+
+
+def test_sampling_never_emits_suppressed_ids():
+    """A model whose likeliest token is suppressed: never drawn, whatever the seed and
+    truncation; with the same draws, the tokens of the full pass with that id ruled out."""
+    from keras_attn.models import generate
+    from keras_attn.models.sampling import sample_tokens
+
+    model = favour_token(_lm(num_layers=1), 7)
+    prompts = np.tile(PROMPTS, (8, 1))  # 24 rows, each its own draws
+    free = generate(model, prompts, 4, sampler="sample", seed=0, jit_compile=False)
+    assert (free == 7).mean() > 0.5  # the favourite, when allowed
+    settings = [{}, dict(temperature=3.0), dict(top_k=2), dict(top_p=0.5, temperature=2.0)]
+    for seed, options in enumerate(settings):
+        drawn = generate(
+            model, prompts, 4, sampler="sample", seed=seed, jit_compile=False,
+            suppress_ids=[7, 9], **options,
+        )  # fmt: skip
+        assert not np.isin(drawn, [0, 7, 9]).any(), (seed, options)
+    options = dict(temperature=0.8, top_k=3, top_p=0.9)
+    drawn = generate(
+        model, PROMPTS, 4, sampler="sample", seed=3, jit_compile=False, suppress_ids=[7], **options
+    )
+    uniform = _np(keras.random.uniform((4, len(PROMPTS)), seed=3))  # generate's draws
+
+    def choose(logits, t):
+        return _np(sample_tokens(logits, uniform[t], **options))
+
+    np.testing.assert_array_equal(drawn, _reference(model, PROMPTS, 4, choose, suppress=(7,)))
+
+
+def test_bad_suppress_ids():
+    from keras_attn.models import beam_search, generate, greedy_decode
+
+    model = _lm()
+    for bad in ([23], [5, -1], [1.5], 5, "5", [True], np.array([[5]]), np.array([2.0])):
+        with pytest.raises(ValueError, match="`suppress_ids` must be a sequence of token ids in"):
+            generate(model, PROMPTS, 2, suppress_ids=bad)
+    with pytest.raises(ValueError, match=r"vocab_size=23\). Received: suppress_ids=\[3, 40\]"):
+        greedy_decode(model, PROMPTS, 2, suppress_ids=[3, 40])
+    with pytest.raises(ValueError, match="`suppress_ids` must be"):
+        beam_search(model, PROMPTS, 2, end_id=3, suppress_ids=[23])
+    with pytest.raises(ValueError, match="`suppress_ids` must leave a token besides padding"):
+        generate(model, PROMPTS, 2, sampler="sample", suppress_ids=range(1, VOCAB))
+    allowed = generate(model, PROMPTS, 2, jit_compile=False, suppress_ids=np.arange(1, 22))
+    assert (allowed == 22).all()  # NumPy ids taken; one token left
 
 
 def test_sampling_equals_the_full_pass_with_the_same_draws():

@@ -3,7 +3,9 @@ SavedModel called by TensorFlow alone, `keras-attn predict`, and the recipe end 
 
 The references are independent of the text model's code: prompts tokenized by a Python
 dict, continued by the uncached full pass (each new token the argmax of the model's logits
-on the prompt and the tokens so far, padding ruled out), and joined back by hand.
+on the prompt and the tokens so far, padding and `[UNK]` ruled out), and joined back by hand.
+The model favours `[UNK]` everywhere (`favour_token`): without its suppression every
+continuation would be `[UNK]`s.
 """
 
 import io
@@ -20,6 +22,7 @@ import tensorflow as tf
 from keras_attn import models
 from keras_attn.models import cli, text
 from keras_attn.models.recipes import language_model
+from model_checks import favour_token
 from tensorflow_alone import tensorflow_alone
 
 pytestmark = pytest.mark.tensorflow_only
@@ -36,6 +39,7 @@ def text_model():
         len(WORDS), num_layers=1, num_heads=2, d_model=16, intermediate_dim=32,
         sequence_length=16, dropout=0.0,
     )  # fmt: skip
+    favour_token(model, WORDS.index("[UNK]"))
     return text.TextLanguageModel(model, text.string_lookup(WORDS), MAX_LENGTH, PROMPT_LENGTH)
 
 
@@ -49,14 +53,16 @@ def reference_ids(texts):
     return rows
 
 
-def reference_continue(model, texts):
-    """Greedy by the uncached full pass on each unpadded prompt, stopped at `</s>` (3)."""
+def reference_continue(model, texts, suppress=(1,)):
+    """Greedy by the uncached full pass on each unpadded prompt, stopped at `</s>` (3);
+    padding (0) and the `suppress` ids (`[UNK]`, 1) never generated."""
     outputs = []
     for row in reference_ids(texts):
         tokens, words = list(row), []
         for _ in range(MAX_LENGTH):
             logits = keras.ops.convert_to_numpy(model(np.array([tokens], "int32")))[0, -1]
-            token = int(np.argmax(logits[1:])) + 1  # padding (0) is never generated
+            logits[[0, *suppress]] = -np.inf
+            token = int(np.argmax(logits))
             if token == 3:
                 break
             tokens.append(token)
@@ -82,6 +88,25 @@ def test_greedy_continuation_equals_the_full_pass(text_model):
     assert any(outputs)  # (an untrained model still emits words)
 
 
+def test_oov_is_never_generated(text_model, tmp_path):
+    """Greedy, sampled and beam: no `[UNK]`; with `suppress_tokens=()` (kept by `.keras`),
+    the model's `[UNK]`s."""
+    model, lookup = text_model.language_model, text_model.lookup
+    free = text.TextLanguageModel(model, lookup, MAX_LENGTH, PROMPT_LENGTH, suppress_tokens=())
+    unknown = free.predict_text(PROMPTS)
+    assert unknown == reference_continue(model, PROMPTS, suppress=())
+    assert all(o.split()[0] == "[UNK]" for o in unknown)  # the case: [UNK] comes first
+    for generation in [{}, dict(sampler="beam", beam_width=2)] + [
+        dict(sampler="sample", seed=seed, temperature=2.0) for seed in range(3)
+    ]:
+        outputs = text_model.predict_text(PROMPTS, **generation)
+        assert any(outputs) and "[UNK]" not in " ".join(outputs), generation
+    assert text_model.get_config()["suppress_tokens"] == ["[UNK]"]
+    free.save(tmp_path / "free.keras")
+    reloaded = keras.saving.load_model(tmp_path / "free.keras", safe_mode=True)
+    assert reloaded.suppress_tokens == () and reloaded.predict_text(PROMPTS) == unknown
+
+
 def test_sampling_is_seeded(text_model):
     first = text_model.predict_text(PROMPTS, sampler="sample", top_k=5, seed=7)
     assert text_model.predict_text(PROMPTS, sampler="sample", top_k=5, seed=7) == first
@@ -101,6 +126,10 @@ def test_bad_arguments(text_model):
         text.TextLanguageModel(text_model.language_model, lookup, 0, 7)
     with pytest.raises(ValueError, match="`end_token` must be a token of the vocabulary"):
         text.TextLanguageModel(text_model.language_model, lookup, 4, 4, end_token="<end>")
+    with pytest.raises(ValueError, match="`suppress_tokens` must be a list or tuple.*'\\[UNK\\]'"):
+        text.TextLanguageModel(text_model.language_model, lookup, 4, 4, suppress_tokens="[UNK]")
+    with pytest.raises(ValueError, match="`suppress_tokens` must be a token of the vocabulary"):
+        text.TextLanguageModel(text_model.language_model, lookup, 4, 4, suppress_tokens=["zz"])
     classifier = models.transformer_classifier(10, 4, 2, num_layers=1, d_model=8)
     with pytest.raises(ValueError, match="must be built by keras_attn.models.transformer_lm"):
         text.TextLanguageModel(classifier, lookup, 4, 4)
