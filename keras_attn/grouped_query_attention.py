@@ -126,6 +126,46 @@ class GroupedQueryAttention(MultiHeadAttention):
             **kwargs,
         )
 
+    def _compute_attention(
+        self, query, key, value, attention_mask=None, training=None, use_causal_mask=False
+    ):
+        """Keras' GQA hook: attention over projected heads, through `keras_attn.ops.attention`.
+
+        The method `keras.layers.GroupQueryAttention` subclasses override, with
+        its signature: `call` runs an override in its place, handing it the
+        projected query heads and the key and value heads repeated to
+        `num_query_heads`, and the combined boolean mask (padding, causal,
+        window and explicit masks merged), as Keras does. Whether to return
+        the weights is the call's `return_attention_scores`, kept in
+        `self._return_attention_scores` (as Keras keeps it).
+
+        Args:
+            query: `(B, T, h, head_dim)`.
+            key, value: `(B, S, h, head_dim)`.
+            attention_mask: boolean `(B, T, S)` or `(B, h, T, S)`, `True` = attend.
+            training: whether dropout is active.
+            use_causal_mask: also apply the (end-aligned) causal mask.
+
+        Returns:
+            `(output (B, T, h, head_dim), weights (B, h, T, S) or None)`.
+        """
+        return super()._compute_attention(
+            query,
+            key,
+            value,
+            attention_mask=attention_mask,
+            training=training,
+            return_attention_scores=self._return_attention_scores,
+            use_causal_mask=use_causal_mask,
+        )
+
+    def _overrides_compute_attention(self):
+        return type(self)._compute_attention is not GroupedQueryAttention._compute_attention
+
+    def _invoke_compute_attention(self, query, key, value, mask, training, return_scores):
+        """The override, called as `keras.layers.GroupQueryAttention.call` calls it."""
+        return self._compute_attention(query, key, value, attention_mask=mask, training=training)
+
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         if query_shape[-1] != value_shape[-1]:
             raise ValueError(

@@ -292,6 +292,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         # `flash_attention` agrees with `implementation`.
         attn_ops.check_implementation(implementation, self._flash_attention, self.dropout)
         self.implementation = implementation
+        # Keras' layers keep the call's flag here for their `_compute_attention` (its GQA reads it).
+        self._return_attention_scores = False
         # A seed generator only where there is dropout to draw (as Keras' Dropout).
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout else None
         self.supports_masking = True
@@ -747,14 +749,19 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                                            else 1, length, total))  # fmt: skip
             mask = mask[:, 0] if mask.shape[1] == 1 else mask  # (B, T, S) as Keras gives it
         to_keras = lambda x: ops.transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, T, N, d)
-        return self._compute_attention(
-            query=to_keras(q),
-            key=to_keras(self._repeat_kv(k)),
-            value=to_keras(self._repeat_kv(v)),
-            attention_mask=mask,
-            training=training,
-            return_attention_scores=return_scores,
+        self._return_attention_scores = bool(return_scores)
+        return self._invoke_compute_attention(
+            to_keras(q),
+            to_keras(self._repeat_kv(k)),
+            to_keras(self._repeat_kv(v)),
+            mask,
+            training,
+            return_scores,
         )
+
+    def _invoke_compute_attention(self, query, key, value, mask, training, return_scores):
+        """The override, called as `keras.layers.MultiHeadAttention.call` calls it."""
+        return self._compute_attention(query, key, value, mask, training, return_scores)
 
     def compute_output_spec(
         self, query, value=None, key=None, return_attention_scores=False, cache=None, **kwargs
