@@ -30,8 +30,8 @@ class GroupedQueryAttention(MultiHeadAttention):
     outputs; its `.weights.h5` and `.keras` files load with `load_weights`,
     and ours into it: the class is named as Keras' class, and the weights lie
     under Keras' paths), the same call, cache and guarantees (see `MultiHeadAttention`,
-    also for the two documented differences from Keras: float masks are
-    refused, and with `Tq != Tv` the causal mask is aligned to the end). The
+    also for the documented difference from Keras: with `Tq != Tv` the causal
+    mask is aligned to the end; float 0/1 masks are read as Keras reads them). The
     cache holds the `g` key/value heads, not `h` copies.
 
     Args:
@@ -60,7 +60,7 @@ class GroupedQueryAttention(MultiHeadAttention):
             non-positive sizes, and the errors of `MultiHeadAttention`;
             `compute_output_shape` with a query and a value of different
             widths (as Keras').
-        TypeError: non-float inputs, float masks.
+        TypeError: non-float inputs, non-numeric masks.
 
     Example:
 

@@ -135,6 +135,7 @@ def test_attention_mask_shapes_keras_accepts():
         (full[0], np.broadcast_to(full[0], (2, 6, 5))),  # (Tq, Tv)
         (V_MASK[:, None], full),  # (B, 1, Tv), as the keras.io tutorials pass it
         (full.astype("int32"), full),  # (B, Tq, Tv), integer
+        (full.astype("float32"), full),  # float 0/1, read as Keras reads it (1 = attend)
         (per_head, per_head),  # (B, h, Tq, Tv)
     ]:
         heads_mask = expected if expected.ndim == 4 else expected[:, None]
@@ -142,10 +143,33 @@ def test_attention_mask_shapes_keras_accepts():
         out, w = layer(X, V, attention_mask=mask, return_attention_scores=True)
         np.testing.assert_allclose(np_(w), ref_w, atol=1e-6)
         np.testing.assert_allclose(np_(out), ref, atol=1e-5)
-    with pytest.raises(TypeError, match="`attention_mask` must be a boolean mask"):
-        layer(X, V, attention_mask=full.astype("float32"))
+    additive = np.where(full, 0.0, -1e9).astype("float32")  # read as 0/1 it would be inverted
+    with pytest.raises(ValueError, match=r"`attention_mask` must be a boolean mask.*-1e\+09"):
+        layer(X, V, attention_mask=additive)
     with pytest.raises(ValueError, match="`attention_mask` must broadcast"):
         layer(X, V, attention_mask=np.ones((2, 3, 6, 5), bool))
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_float_masks_of_0s_and_1s_equal_keras_eager_and_compiled(gqa):
+    from layer_checks import compiled
+
+    if gqa:
+        kwargs = dict(head_dim=4, num_query_heads=4, num_key_value_heads=2)
+        theirs, ours = keras.layers.GroupQueryAttention(**kwargs), keras_attn.GroupQueryAttention
+    else:
+        kwargs = dict(num_heads=2, key_dim=4)
+        theirs, ours = keras.layers.MultiHeadAttention(**kwargs), keras_attn.MultiHeadAttention
+    theirs, ours = pair(theirs, ours(**kwargs), X, V)
+    keep = rng.random((2, 6, 5)) > 0.4
+    keep[..., 0] = True  # every query sees a key (Keras would average over nothing)
+    mask = keep.astype("float32")  # as keras.io writes them: ops.tril(ops.ones(...))
+    expected, expected_w = map(np_, theirs(X, V, attention_mask=mask, return_attention_scores=True))
+    step = compiled(lambda x, v, m: ours(x, v, attention_mask=m, return_attention_scores=True))
+    for out, w in (ours(X, V, attention_mask=mask, return_attention_scores=True), step(X, V, mask)):
+        np.testing.assert_allclose(np_(w), expected_w, atol=1e-6)
+        np.testing.assert_allclose(np_(out), expected, atol=1e-5)
+        assert np.all(np_(w)[np.broadcast_to(~keep[:, None], w.shape)] == 0)
 
 
 def test_key_mask_is_merged_with_value_mask():
