@@ -51,7 +51,9 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
             Padded keys get zero weight.
         attention_mask: bool `(B or 1, Tq, Tv)` (`(B, Tv)` for a rank-2
             query), `True` = may attend. Masks may also be integer (nonzero =
-            attend); float (additive) masks raise `TypeError`.
+            attend) or float 0/1 (1 = attend, as Keras reads them); a float
+            mask holding other values (an additive mask) raises `ValueError`
+            (`keras_attn.masks.float_mask_as_bool`).
         use_causal_mask: query `i` sees keys `j <= i + Tv - Tq` only.
         return_attention_scores: also return the weights.
         training: dropout (and sampling) on or off.
@@ -158,6 +160,7 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         attention_bias: TensorLike | tuple[TensorLike, ...] | attn_ops.AttentionBias | None = None,
     ) -> TensorLike | tuple[TensorLike, TensorLike]:
         key = value if key is None else key
+        value_mask = masks.as_bool_mask(value_mask, "value_mask")
         query, query_mask, attention_mask, single_query = prepare_query(
             query, value, query_mask, value_mask, attention_mask, key=key
         )
@@ -177,7 +180,7 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         return_weights = return_attention_scores or self.needs_weights
         spec = attn_ops.AttentionSpec(
             mask=masks.merge_masks(
-                None if value_mask is None else masks.as_bool_mask(value_mask)[:, None, :],
+                None if value_mask is None else value_mask[:, None, :],
                 attention_mask,
             ),  # (B|1, Tq|1, Tv)
             is_causal=bool(use_causal_mask),

@@ -30,8 +30,8 @@ class GroupedQueryAttention(MultiHeadAttention):
     outputs; its `.weights.h5` and `.keras` files load with `load_weights`,
     and ours into it: the class is named as Keras' class, and the weights lie
     under Keras' paths), the same call, cache and guarantees (see `MultiHeadAttention`,
-    also for the two documented differences from Keras: float masks are
-    refused, and with `Tq != Tv` the causal mask is aligned to the end). The
+    also for the documented difference from Keras: with `Tq != Tv` the causal
+    mask is aligned to the end; float 0/1 masks are read as Keras reads them). The
     cache holds the `g` key/value heads, not `h` copies.
 
     Args:
@@ -60,7 +60,7 @@ class GroupedQueryAttention(MultiHeadAttention):
             non-positive sizes, and the errors of `MultiHeadAttention`;
             `compute_output_shape` with a query and a value of different
             widths (as Keras').
-        TypeError: non-float inputs, float masks.
+        TypeError: non-float inputs, non-numeric masks.
 
     Example:
 
@@ -125,6 +125,46 @@ class GroupedQueryAttention(MultiHeadAttention):
             num_key_value_heads=kv_heads,
             **kwargs,
         )
+
+    def _compute_attention(
+        self, query, key, value, attention_mask=None, training=None, use_causal_mask=False
+    ):
+        """Keras' GQA hook: attention over projected heads, through `keras_attn.ops.attention`.
+
+        The method `keras.layers.GroupQueryAttention` subclasses override, with
+        its signature: `call` runs an override in its place, handing it the
+        projected query heads and the key and value heads repeated to
+        `num_query_heads`, and the combined boolean mask (padding, causal,
+        window and explicit masks merged), as Keras does. Whether to return
+        the weights is the call's `return_attention_scores`, kept in
+        `self._return_attention_scores` (as Keras keeps it).
+
+        Args:
+            query: `(B, T, h, head_dim)`.
+            key, value: `(B, S, h, head_dim)`.
+            attention_mask: boolean `(B, T, S)` or `(B, h, T, S)`, `True` = attend.
+            training: whether dropout is active.
+            use_causal_mask: also apply the (end-aligned) causal mask.
+
+        Returns:
+            `(output (B, T, h, head_dim), weights (B, h, T, S) or None)`.
+        """
+        return super()._compute_attention(
+            query,
+            key,
+            value,
+            attention_mask=attention_mask,
+            training=training,
+            return_attention_scores=self._return_attention_scores,
+            use_causal_mask=use_causal_mask,
+        )
+
+    def _overrides_compute_attention(self):
+        return type(self)._compute_attention is not GroupedQueryAttention._compute_attention
+
+    def _invoke_compute_attention(self, query, key, value, mask, training, return_scores):
+        """The override, called as `keras.layers.GroupQueryAttention.call` calls it."""
+        return self._compute_attention(query, key, value, attention_mask=mask, training=training)
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         if query_shape[-1] != value_shape[-1]:

@@ -94,9 +94,9 @@ def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None
     for name, x in (("query", query), ("value", value), ("key", key)):
         if x is not None:
             check_floating(name, x)
-    query_mask = _as_tensor_mask(query_mask, "query_mask")
-    value_mask = _as_tensor_mask(value_mask, "value_mask")
-    attention_mask = _as_tensor_mask(attention_mask, "attention_mask")
+    query_mask = masks.as_bool_mask(query_mask, "query_mask")
+    value_mask = masks.as_bool_mask(value_mask, "value_mask")
+    attention_mask = masks.as_bool_mask(attention_mask, "attention_mask")
     single_query = len(query.shape) == 2
     if single_query:
         query = kops.expand_dims(query, 1)  # (B, 1, dq)
@@ -114,16 +114,6 @@ def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None
     check_masks(query.shape, value_shape, query_mask, value_mask, attention_mask)
     query = masks.zero_padded(query, query_mask)  # padded rows: no NaN in any gradient
     return query, query_mask, attention_mask, single_query
-
-
-def _as_tensor_mask(mask, name):
-    """A Python list mask as a tensor; the dtype and type checks of `check_mask_dtype`."""
-    if mask is None:
-        return None
-    if isinstance(mask, (list, tuple)):
-        return masks.as_bool_mask(mask, name)
-    check_mask_dtype(name, mask)
-    return mask
 
 
 def zero_unseen_rows(output, weights, rows):
@@ -148,7 +138,7 @@ def zero_unseen_rows(output, weights, rows):
 def check_masks(query_shape, value_shape, query_mask, value_mask, attention_mask):
     """Static checks of explicit masks against `query (B, Tq, .)` and `value (B, Tv, ...)` shapes.
 
-    Masks must be boolean (or integer), with the rank, lengths and batch size
+    Masks must be boolean (or integer or float), with the rank, lengths and batch size
     of their inputs (`attention_mask` may have batch size 1).
     """
     if query_mask is not None:

@@ -4,8 +4,9 @@ All the mask math of keras-attn lives here (and is re-exported by
 `keras_attn.ops`); the kernels, the layers and the KV cache call these
 functions and build no mask of their own:
 
-- `as_bool_mask`: the one cast (boolean or integer in, bool out; float,
-  ragged and other non-tensor masks refused with the argument's name);
+- `as_bool_mask`: the one cast (boolean, integer or float 0/1 in, bool out;
+  a float mask holding other values, ragged and other non-tensor masks
+  refused with the argument's name);
 - `causal_mask`: the one causal mask, for a whole `(Tq, Tv)` score matrix or
   for one block of keys (`key_start`), end-aligned or from a cache index;
 - `window_mask`, `position_mask`: the symmetric sliding window, and the
@@ -27,6 +28,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._execution import is_eager
 from keras_attn._typing import Length, TensorLike
 
 # Fill of masked scores. Softmax runs in float32 and this is the most negative
@@ -221,10 +223,11 @@ def positions_below(length: Length, size: int, start: Length = 0) -> TensorLike:
 
 
 def check_mask_dtype(name: str, mask: TensorLike) -> None:
-    """`TypeError` unless `mask` is boolean or integer (nonzero = attend).
+    """`TypeError` unless `mask` is a dense boolean, integer or float tensor or array.
 
-    A float mask is refused: an additive mask (0 = keep, -1e9 = drop) read as
-    "nonzero = attend" would be inverted, silently.
+    Integers are read as nonzero = attend, floats as Keras reads them (1 =
+    attend, 0 = masked); `as_bool_mask` refuses a float mask holding other
+    values (an additive 0 / -1e9 mask), whose reading would be inverted.
     """
     dtype = getattr(mask, "dtype", None)
     if dtype is None or type(mask).__name__ == "RaggedTensor":
@@ -233,26 +236,70 @@ def check_mask_dtype(name: str, mask: TensorLike) -> None:
             f"Received: {name} of type {type(mask).__name__}"
         )
     dtype = keras.backend.standardize_dtype(dtype)
-    if dtype != "bool" and not keras.backend.is_int_dtype(dtype):
+    if dtype != "bool" and not keras.backend.is_int_dtype(dtype) and not _is_float(dtype):
         raise TypeError(
-            f"`{name}` must be a boolean mask (True = may attend; integer 0/1 also "
-            f"accepted), not an additive float mask. Received: {name}.dtype={dtype}"
+            f"`{name}` must be a boolean mask (True = may attend; integer or float 0/1 also "
+            f"accepted). Received: {name}.dtype={dtype}"
         )
 
 
-def as_bool_mask(mask: TensorLike | None, name: str = "mask") -> TensorLike | None:
-    """Casts a boolean or integer mask to bool (`True`/nonzero = attend); `None` stays `None`.
+def _is_float(dtype) -> bool:
+    return keras.backend.is_float_dtype(keras.backend.standardize_dtype(dtype))
 
-    A Python list becomes a tensor first. Raises `TypeError` for a float,
-    ragged or non-tensor mask (see `check_mask_dtype`).
+
+def _known_values(mask: TensorLike) -> np.ndarray | None:
+    """The values of `mask` when they exist now (an array, an eager tensor); `None` when traced."""
+    if isinstance(mask, np.ndarray):
+        return mask
+    if isinstance(mask, keras.KerasTensor) or getattr(mask, "is_meta", False):
+        return None  # symbolic (torch's symbolic calls run on meta tensors)
+    return ops.convert_to_numpy(mask) if is_eager(mask) else None
+
+
+def float_mask_as_bool(mask: TensorLike, name: str = "mask") -> TensorLike:
+    """A float mask of 0s and 1s as bool (1 = attend, 0 = masked), as Keras reads it.
+
+    When its values are known (a NumPy array, an eager tensor) any value
+    other than 0 and 1 raises `ValueError` naming the argument: an additive
+    mask (0 = keep, -1e9 = drop) would otherwise be read inverted. Traced,
+    the values are not known: the mask is read as `mask > 0.5` (an additive
+    mask then masks every key, and its rows give zeros).
+    """
+    values = _known_values(mask)
+    if values is not None:
+        bad = np.unique(values[(values != 0) & (values != 1)])  # NaN too
+        if bad.size:
+            shown = ", ".join(f"{v:g}" for v in bad[:4]) + (", ..." if bad.size > 4 else "")
+            raise ValueError(
+                f"`{name}` must be a boolean mask (True = may attend), or a float mask of 0s "
+                "(masked) and 1s (attend) as Keras reads one; an additive mask "
+                "(0 = keep, -1e9 = drop) would be read inverted: pass `mask == 0` for one. "
+                f"Received: {name}.dtype={keras.backend.standardize_dtype(mask.dtype)} "
+                f"holding {shown}"
+            )
+    if isinstance(mask, np.ndarray):
+        return ops.convert_to_tensor(mask > 0.5)
+    return ops.greater(mask, ops.cast(0.5, mask.dtype))
+
+
+def as_bool_mask(mask: TensorLike | None, name: str = "mask") -> TensorLike | None:
+    """Casts a boolean, integer or float mask to bool (`True` = attend); `None` stays `None`.
+
+    Integers: nonzero = attend. Floats: 1 = attend, 0 = masked, as Keras reads
+    them (`float_mask_as_bool`: other values raise `ValueError` when known).
+    A Python list becomes a tensor first. Raises `TypeError` for a ragged,
+    non-tensor or non-numeric mask (see `check_mask_dtype`).
     """
     if mask is None:
         return None
     if isinstance(mask, (list, tuple)):
         mask = np.asarray(mask)
     check_mask_dtype(name, mask)
-    if keras.backend.standardize_dtype(mask.dtype) == "bool":
+    dtype = keras.backend.standardize_dtype(mask.dtype)
+    if dtype == "bool":
         return ops.convert_to_tensor(mask) if isinstance(mask, np.ndarray) else mask
+    if _is_float(dtype):
+        return float_mask_as_bool(mask, name)
     return ops.not_equal(mask, 0)
 
 

@@ -77,8 +77,10 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
     `set_weights` give the same outputs) on `keras_attn.ops.attention`:
     masked keys get exactly zero weight, rows with no visible key output
     zeros, long sequences may run chunked, a `KVCache` decodes step by step.
-    Two differences from Keras: float masks are refused (an additive
-    0 / -1e9 mask read as "nonzero = attend" would be inverted), and with
+    Float masks are read as Keras reads them (1 = attend, 0 = masked); one
+    holding other values (an additive 0 / -1e9 mask, which that reading would
+    invert) raises `ValueError` when its values are known, and is read as
+    `mask > 0.5` when traced. One difference from Keras: with
     `Tq != Tv` query `i` sits at position `Tv - Tq + i` for the causal mask
     and the sliding window (aligned to the end, as a decoding step needs).
     With `num_key_value_heads = g < h`, `h / g` query heads share each
@@ -142,7 +144,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         query_mask, value_mask, key_mask: bool, the input's shape without
             its last axis; filled from implicit Keras masks. A key is
             visible where `value_mask` and `key_mask` hold.
-        attention_mask: bool or int, `(Tq, Tv)`, `(B, 1, Tv)`, `(B, Tq, Tv)`
+        attention_mask: bool, int or float 0/1, `(Tq, Tv)`, `(B, 1, Tv)`, `(B, Tq, Tv)`
             or per head `(B, h, Tq, Tv)` (broadcast as Keras does).
         return_attention_scores, training: as Keras.
         use_causal_mask: query `i` sees keys `j <= Tv - Tq + i`.
@@ -168,8 +170,9 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             `return_attention_scores=True` or an `implementation` other than
             `"auto"` / `"backend"` with `flash_attention=True`,
             other widths than built for, `key` and `value` shapes differing
-            before the last axis, masks that do not broadcast.
-        TypeError: non-float inputs, float masks; a `rotary_embedding` or
+            before the last axis, masks that do not broadcast, a float mask
+            holding values other than 0 and 1 (when known).
+        TypeError: non-float inputs, non-numeric masks; a `rotary_embedding` or
             `position_bias` that is not such a layer.
 
     Example:
@@ -292,6 +295,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         # `flash_attention` agrees with `implementation`.
         attn_ops.check_implementation(implementation, self._flash_attention, self.dropout)
         self.implementation = implementation
+        # Keras' layers keep the call's flag here for their `_compute_attention` (its GQA reads it).
+        self._return_attention_scores = False
         # A seed generator only where there is dropout to draw (as Keras' Dropout).
         self.seed_generator = keras.random.SeedGenerator(seed) if self.dropout else None
         self.supports_masking = True
@@ -747,14 +752,19 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                                            else 1, length, total))  # fmt: skip
             mask = mask[:, 0] if mask.shape[1] == 1 else mask  # (B, T, S) as Keras gives it
         to_keras = lambda x: ops.transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, T, N, d)
-        return self._compute_attention(
-            query=to_keras(q),
-            key=to_keras(self._repeat_kv(k)),
-            value=to_keras(self._repeat_kv(v)),
-            attention_mask=mask,
-            training=training,
-            return_attention_scores=return_scores,
+        self._return_attention_scores = bool(return_scores)
+        return self._invoke_compute_attention(
+            to_keras(q),
+            to_keras(self._repeat_kv(k)),
+            to_keras(self._repeat_kv(v)),
+            mask,
+            training,
+            return_scores,
         )
+
+    def _invoke_compute_attention(self, query, key, value, mask, training, return_scores):
+        """The override, called as `keras.layers.MultiHeadAttention.call` calls it."""
+        return self._compute_attention(query, key, value, mask, training, return_scores)
 
     def compute_output_spec(
         self, query, value=None, key=None, return_attention_scores=False, cache=None, **kwargs

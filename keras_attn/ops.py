@@ -269,8 +269,9 @@ def attention(
         query: `(..., Tq, dk)`.
         key: `(..., Tv, dk)`.
         value: `(..., Tv, dv)`.
-        mask: boolean (or integer), broadcastable to `(..., Tq, Tv)`, `True` =
-            attend. A float (additive) mask raises `TypeError`. Keep it
+        mask: boolean (or integer, or float 0/1 as Keras reads it),
+            broadcastable to `(..., Tq, Tv)`, `True` = attend. A float mask
+            holding other values (an additive mask) raises `ValueError`. Keep it
             factored (e.g. `(B, 1, 1, Tv)` for padded keys): the chunked
             kernel then stays `O(Tv)` in memory.
         is_causal: also apply `causal_mask(Tq, Tv, query_start)`.
@@ -320,7 +321,8 @@ def attention(
             ranks, a `mask` whose static shape does not broadcast to
             `(..., Tq, Tv)`, mismatched widths, a kernel that cannot give
             what the call asks (see `keras_attn.kernels.choose`).
-        TypeError: a float `mask`; a `bias` that is neither a float tensor
+        ValueError: also a float `mask` holding values other than 0 and 1.
+        TypeError: a non-numeric or ragged `mask`; a `bias` that is neither a float tensor
             nor a position bias.
 
     Example:

@@ -7,7 +7,6 @@ from keras_attn import masks
 from keras_attn import ops as attn_ops
 from keras_attn._typing import InitializerLike, TensorLike
 from keras_attn.arguments import check_floating, check_positive_int, check_rank, check_rate
-from keras_attn.masks import check_mask_dtype
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -118,7 +117,7 @@ class AttentionPooling(keras.layers.Layer):
                 f"built for. Received: inputs.shape={tuple(inputs.shape)}"
             )
         if mask is not None:
-            check_mask_dtype("mask", mask)
+            mask = masks.as_bool_mask(mask, "mask")
             check_rank("mask", mask.shape, (2,))
             for axis, what in ((0, "batch size"), (1, "length")):
                 if None not in (mask.shape[axis], inputs.shape[axis]):
@@ -137,7 +136,7 @@ class AttentionPooling(keras.layers.Layer):
         context = kops.reshape(kops.cast(self.context, keys.dtype), (1, 1, self.units))
         query = kops.broadcast_to(context, (kops.shape(keys)[0], 1, self.units))  # (B, 1, units)
         spec = attn_ops.AttentionSpec(
-            mask=None if mask is None else masks.as_bool_mask(mask)[:, None, :],  # (B, 1, T)
+            mask=None if mask is None else mask[:, None, :],  # (B, 1, T)
             scale=1.0,
             dropout_rate=self.dropout,
             seed=self.seed_generator,

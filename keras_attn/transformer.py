@@ -185,7 +185,9 @@ class TransformerEncoder(TransformerBlock):
         return_attention_scores: bool = False,
         use_causal_mask: bool = False,
     ) -> TensorLike | tuple[TensorLike, TensorLike]:
-        self._check_sequence("inputs", inputs, self._width, "padding_mask", padding_mask)
+        padding_mask = self._check_sequence(
+            "inputs", inputs, self._width, "padding_mask", padding_mask
+        )
         self.set_output_mask(padding_mask)  # None: the implicit mask passes through
         inputs, padding_mask = self._padding(inputs, padding_mask)
         weights = []

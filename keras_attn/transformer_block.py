@@ -156,15 +156,20 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         return width
 
     def _check_sequence(self, name, sequence, built_width, mask_name, mask):
-        """Call-time checks of a sequence (rank, built width, float) and its padding mask."""
+        """Call-time checks of a sequence (rank, built width, float) and its padding mask.
+
+        Returns the padding mask as bool (`keras_attn.masks.as_bool_mask`, named
+        `mask_name` in its errors), or `None`.
+        """
         self._model_dim(sequence.shape, name, built_width)
         check_floating(name, sequence)
         if mask is None:
-            return
-        masks.check_mask_dtype(mask_name, mask)
+            return None
+        mask = masks.as_bool_mask(mask, mask_name)
         check_rank(mask_name, mask.shape, (2,))
         check_dim(mask_name, mask.shape[1], name, sequence.shape[1], "length")
         check_dim(mask_name, mask.shape[0], name, sequence.shape[0], "batch size")
+        return mask
 
     def _padding(self, sequence, padding_mask):
         """`(sequence with its padded steps zeroed, bool (B, T) mask)`: explicit, else implicit.

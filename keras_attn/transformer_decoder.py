@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from keras_attn import masks
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_dim, check_rank
 from keras_attn.cache import KVCache, as_kv_cache, write
@@ -161,7 +162,7 @@ class TransformerDecoder(TransformerBlock):
             raise ValueError(
                 "This block was built without an encoder sequence: no cross-attention."
             )
-        self._check_sequence(
+        encoder_padding_mask = self._check_sequence(
             "encoder_sequence", encoder_sequence, self._source_width, "encoder_padding_mask",
             encoder_padding_mask,
         )  # fmt: skip
@@ -238,13 +239,13 @@ class TransformerDecoder(TransformerBlock):
             encoder_sequence, cross_attention_cache, cross_attention_cache_update_index, cached,
             self_attention_cache_update_index,
         )  # fmt: skip
-        self._check_sequence(
+        decoder_padding_mask = self._check_sequence(
             "decoder_sequence", decoder_sequence, self._width, "decoder_padding_mask",
             decoder_padding_mask,
         )  # fmt: skip
-        source_mask = encoder_padding_mask
+        source_mask = masks.as_bool_mask(encoder_padding_mask, "encoder_padding_mask")
         if encoder_sequence is not None:
-            self._check_sequence(
+            encoder_padding_mask = self._check_sequence(
                 "encoder_sequence", encoder_sequence, self._source_width, "encoder_padding_mask",
                 encoder_padding_mask,
             )  # fmt: skip

@@ -37,8 +37,12 @@ def masked_softmax(scores, mask=None, axis=-1):
     Args:
         scores: float tensor.
         mask: boolean (or integer) tensor broadcastable to `scores`, `True` =
-            keep. A float mask raises `TypeError`, a static shape that does
-            not broadcast to the scores' `ValueError`.
+            keep; a float mask of 0s and 1s is read as Keras reads it (1 =
+            keep). A float mask holding other values (an additive 0 / -1e9
+            mask) raises `ValueError` when its values are known, and is read
+            as `mask > 0.5` when traced (`keras_attn.masks.float_mask_as_bool`);
+            a static shape that does not broadcast to the scores raises
+            `ValueError`.
         axis: axis to normalize over.
 
     Returns:

@@ -115,6 +115,42 @@ def test_masked_softmax_integer_mask_and_no_mask():
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_float_masks_of_0s_and_1s_are_read_as_keras_reads_them_eager_and_compiled(dtype):
+    # 1 = attend, 0 = masked (Keras casts a float mask to bool); the last row sees nothing.
+    s = rng.normal(size=(3, 4)).astype("float32")
+    keep = np.array([[1, 0, 1, 1], [0, 0, 1, 0], [0, 0, 0, 0]], bool)
+    mask = keep.astype(dtype)
+    expected = softmax_masked(s, keep)
+    for w in (ops.masked_softmax(s, mask), compiled(ops.masked_softmax)(s, mask)):
+        np.testing.assert_allclose(np_(w), expected, atol=1e-6)
+        assert np.all(np_(w)[~keep] == 0) and np.all(np.isfinite(np_(w)))
+    seen = rng.random((2, 3, 5)) > 0.4  # (B, Tq, Tv)
+    seen[1, 2] = False  # a query that sees no key
+    ref, ref_w = attend(scaled_dot_scores(Q, K), V, seen)
+    attention = compiled(lambda q, k, v, m: ops.attention(q, k, v, mask=m))
+    for out, w in (ops.attention(Q, K, V, mask=seen.astype(dtype)),
+                   attention(Q, K, V, seen.astype(dtype))):  # fmt: skip
+        np.testing.assert_allclose(np_(w), ref_w, atol=1e-6)
+        np.testing.assert_allclose(np_(out), ref, atol=1e-5)
+        assert np.all(np_(out)[1, 2] == 0)
+
+
+def test_a_float_mask_other_than_0_and_1_raises_eagerly_and_masks_everything_compiled():
+    s = rng.normal(size=(2, 4)).astype("float32")
+    additive = np.array([[0, -1e9, 0, 0], [-1e9, -1e9, 0, -1e9]], "float32")
+    with pytest.raises(ValueError, match=r"`mask` must be a boolean mask.*holding -1e\+09"):
+        ops.masked_softmax(s, additive)
+    with pytest.raises(ValueError, match=r"`mask` .*holding nan"):
+        ops.masked_softmax(s, np.array([[1, np.nan, 1, 0]] * 2, "float32"))
+    if keras.backend.backend() == "torch":  # no tracing on torch: the values are always known
+        return
+    # Traced, the values are unknown: read as `mask > 0.5`, the additive mask hides every key,
+    # and every row gives zero weights (never NaN).
+    w = np_(compiled(ops.masked_softmax)(s, additive))
+    assert np.all(w == 0)
+
+
 def test_one_key_gives_weight_one_or_zero_without_a_warning():
     # One key (a decoder's first step): weight 1 if visible, 0 if masked, NaN for a NaN
     # score, gradient 0; and no warning from Keras about a softmax over one element.

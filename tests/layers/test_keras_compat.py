@@ -135,6 +135,7 @@ def test_attention_mask_shapes_keras_accepts():
         (full[0], np.broadcast_to(full[0], (2, 6, 5))),  # (Tq, Tv)
         (V_MASK[:, None], full),  # (B, 1, Tv), as the keras.io tutorials pass it
         (full.astype("int32"), full),  # (B, Tq, Tv), integer
+        (full.astype("float32"), full),  # float 0/1, read as Keras reads it (1 = attend)
         (per_head, per_head),  # (B, h, Tq, Tv)
     ]:
         heads_mask = expected if expected.ndim == 4 else expected[:, None]
@@ -142,10 +143,33 @@ def test_attention_mask_shapes_keras_accepts():
         out, w = layer(X, V, attention_mask=mask, return_attention_scores=True)
         np.testing.assert_allclose(np_(w), ref_w, atol=1e-6)
         np.testing.assert_allclose(np_(out), ref, atol=1e-5)
-    with pytest.raises(TypeError, match="`attention_mask` must be a boolean mask"):
-        layer(X, V, attention_mask=full.astype("float32"))
+    additive = np.where(full, 0.0, -1e9).astype("float32")  # read as 0/1 it would be inverted
+    with pytest.raises(ValueError, match=r"`attention_mask` must be a boolean mask.*-1e\+09"):
+        layer(X, V, attention_mask=additive)
     with pytest.raises(ValueError, match="`attention_mask` must broadcast"):
         layer(X, V, attention_mask=np.ones((2, 3, 6, 5), bool))
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_float_masks_of_0s_and_1s_equal_keras_eager_and_compiled(gqa):
+    from layer_checks import compiled
+
+    if gqa:
+        kwargs = dict(head_dim=4, num_query_heads=4, num_key_value_heads=2)
+        theirs, ours = keras.layers.GroupQueryAttention(**kwargs), keras_attn.GroupQueryAttention
+    else:
+        kwargs = dict(num_heads=2, key_dim=4)
+        theirs, ours = keras.layers.MultiHeadAttention(**kwargs), keras_attn.MultiHeadAttention
+    theirs, ours = pair(theirs, ours(**kwargs), X, V)
+    keep = rng.random((2, 6, 5)) > 0.4
+    keep[..., 0] = True  # every query sees a key (Keras would average over nothing)
+    mask = keep.astype("float32")  # as keras.io writes them: ops.tril(ops.ones(...))
+    expected, expected_w = map(np_, theirs(X, V, attention_mask=mask, return_attention_scores=True))
+    step = compiled(lambda x, v, m: ours(x, v, attention_mask=m, return_attention_scores=True))
+    for out, w in (ours(X, V, attention_mask=mask, return_attention_scores=True), step(X, V, mask)):
+        np.testing.assert_allclose(np_(w), expected_w, atol=1e-6)
+        np.testing.assert_allclose(np_(out), expected, atol=1e-5)
+        assert np.all(np_(w)[np.broadcast_to(~keep[:, None], w.shape)] == 0)
 
 
 def test_key_mask_is_merged_with_value_mask():
@@ -336,3 +360,61 @@ def test_an_override_cannot_silently_drop_a_bias():
     layer = _doubled(keras_attn.MultiHeadAttention)(2, 4, position_bias=keras_attn.AlibiBias())
     with pytest.raises(ValueError, match="overrides `_compute_attention`"):
         layer(X, V)
+
+
+def _doubled_gqa(base):
+    class Doubled(base):
+        """A GQA subclass as Keras' own test writes it: Keras' GQA hook signature."""
+
+        def _compute_attention(self, query, key, value, attention_mask=None, training=None):
+            self.seen_mask = attention_mask
+            output, scores = super()._compute_attention(query, key, value, attention_mask, training)
+            return output * 2.0, scores
+
+    return Doubled
+
+
+def test_a_gqa_subclass_overriding_compute_attention_changes_the_layer_as_keras():
+    kwargs = dict(head_dim=4, num_query_heads=4, num_key_value_heads=2)
+    theirs, ours = pair(
+        _doubled_gqa(keras.layers.GroupQueryAttention)(**kwargs),
+        _doubled_gqa(keras_attn.GroupedQueryAttention)(**kwargs),
+        X,
+        X,
+    )
+    call = dict(value_mask=X_MASK, use_causal_mask=True, return_attention_scores=True)
+    expected, expected_w = theirs(X, X, **call)
+    out, w = ours(X, np.where(X_MASK[..., None], X, np.float32(1e30)), **call)
+    out, w, expected, expected_w = map(np_, (out, w, expected, expected_w))
+    combined = X_MASK[:, None, :] & causal(6, 6)[None]  # (B, T, S): padding and causal merged
+    seen = combined.any(-1)  # (B, T): batch 1's first query sees no key
+    np.testing.assert_allclose(out[seen], expected[seen], atol=1e-5)
+    heads_seen = np.broadcast_to(seen[:, None], w.shape[:-1])  # (B, h, T)
+    np.testing.assert_allclose(w[heads_seen], expected_w[heads_seen], atol=1e-6)
+    assert np.all(out[~seen] == 0) and np.all(w[~heads_seen] == 0)  # Keras: uniform, not zeros
+    plain = keras_attn.GroupedQueryAttention(**kwargs)
+    plain(X, X)
+    plain.set_weights(ours.get_weights())
+    plain_out = np_(plain(X, X, use_causal_mask=True, value_mask=X_MASK))
+    assert not np.allclose(out[seen], plain_out[seen])  # the override ran
+    # The combined boolean mask, as Keras hands it.
+    np.testing.assert_array_equal(np_(ours.seen_mask).astype(bool), combined)
+    # Without scores asked for, the hook is told so (Keras keeps the flag on the layer).
+    ours(X, X)
+    assert ours._return_attention_scores is False and ours.seen_mask is None
+
+
+@pytest.mark.parametrize("return_scores", [False, True])
+def test_gqa_compute_attention_called_directly_equals_keras(return_scores):
+    kwargs = dict(head_dim=4, num_query_heads=4, num_key_value_heads=2)
+    theirs, ours = pair(keras.layers.GroupQueryAttention(**kwargs),
+                        keras_attn.GroupedQueryAttention(**kwargs), X, V)  # fmt: skip
+    theirs._return_attention_scores = ours._return_attention_scores = return_scores
+    q, k, v = (rng.normal(size=(2, t, 4, 4)).astype("float32") for t in (6, 5, 5))
+    mask = np.broadcast_to(V_MASK[:, None, :], (2, 6, 5))
+    expected, expected_scores = theirs._compute_attention(q, k, v, attention_mask=mask)
+    out, scores = ours._compute_attention(q, k, v, attention_mask=mask)
+    np.testing.assert_allclose(np_(out), np_(expected), atol=1e-5)
+    assert (scores is None) is (not return_scores)
+    if return_scores:
+        np.testing.assert_allclose(np_(scores), np_(expected_scores), atol=1e-6)

@@ -1,5 +1,5 @@
 """Masks through the attention layers: the explicit query mask is the output mask, list,
-ragged and integer masks, NumPy scalars; a NaN at a masked key is in no gradient;
+ragged, integer and float masks, NumPy scalars; a NaN at a masked key is in no gradient;
 mixed float16 with huge padding on the default path equals the weights path."""
 
 import keras
@@ -74,6 +74,66 @@ def test_list_and_ragged_masks_and_numpy_scalars():
         with pytest.raises(TypeError, match="`query_mask` must be a dense boolean"):
             layer(x, x, query_mask=ragged)
     assert keras_attn.TransformerEncoderBlock(np.int64(16), np.int64(2)).num_heads == 2
+
+
+PAD = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], bool)
+LAYERS_WITH_PADDING = {
+    "DotAttention value_mask": (
+        keras_attn.DotAttention,
+        lambda layer, x, m: layer(x, x, value_mask=m),
+    ),
+    "MultiHeadAttention query_mask and value_mask": (
+        lambda: keras_attn.MultiHeadAttention(num_heads=2, key_dim=4),
+        lambda layer, x, m: layer(x, x, query_mask=m, value_mask=m),
+    ),
+    "AttentionPooling mask": (
+        lambda: keras_attn.AttentionPooling(4),
+        lambda layer, x, m: layer(x, mask=m),
+    ),
+    "TransformerEncoder padding_mask": (
+        lambda: keras_attn.TransformerEncoder(16, 2),
+        lambda layer, x, m: layer(x, padding_mask=m),
+    ),
+    "TransformerDecoder both padding masks": (
+        lambda: keras_attn.TransformerDecoder(16, 2),
+        lambda layer, x, m: layer(x, x, decoder_padding_mask=m, encoder_padding_mask=m),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS_WITH_PADDING))
+def test_float_padding_masks_of_0s_and_1s_equal_their_boolean_masks(name):
+    make, run = LAYERS_WITH_PADDING[name]
+    x = t(rng.normal(size=(2, 5, 8)).astype("float32"))
+    layer = make()
+    expected = np_(run(layer, x, t(PAD)))
+    for dtype in ("float32", "float16"):
+        np.testing.assert_allclose(np_(run(layer, x, t(PAD.astype(dtype)))), expected, atol=1e-6)
+    name_in_error = "`mask`" if "Pooling" in name else "padding_mask`|`value_mask`|`query_mask`"
+    with pytest.raises(ValueError, match=rf"({name_in_error}) must be a boolean mask"):
+        run(layer, x, t(np.where(PAD, 0.0, -1e9).astype("float32")))  # an additive mask
+
+
+def test_float_attention_masks_traced_are_read_above_one_half_blind_rows_give_zeros():
+    from layer_checks import compiled
+
+    x = rng.normal(size=(2, 4, 8)).astype("float32")
+    keep = rng.random((2, 4, 4)) > 0.4
+    keep[1, 2] = False  # a query that sees no key
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4)
+    expected, expected_w = map(np_, layer(x, x, attention_mask=keep, return_attention_scores=True))
+    assert np.all(expected[1, 2] == 0) and np.all(expected_w[1, :, 2] == 0)
+    step = compiled(lambda q, m: layer(q, q, attention_mask=m, return_attention_scores=True))
+    out, w = map(np_, step(x, keep.astype("float32")))
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    np.testing.assert_allclose(w, expected_w, atol=1e-6)
+    additive = np.where(keep, 0.0, -1e9).astype("float32")
+    with pytest.raises(ValueError, match="`attention_mask` must be a boolean mask"):
+        layer(x, x, attention_mask=additive)  # eager: the values are known, and refused
+    if keras.backend.backend() != "torch":  # torch runs `compiled` eagerly: it raised above
+        # Traced, the values are unknown: `mask > 0.5` hides every key, every row gives zeros.
+        out, w = map(np_, step(x, additive))
+        assert np.all(out == 0) and np.all(w == 0)
 
 
 @pytest.mark.parametrize("make", [

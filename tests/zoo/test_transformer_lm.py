@@ -204,6 +204,7 @@ def test_compiled_generation_with_suppressed_ids():
     assert len(_COMPILED[model]) == 1  # the same setting, in any order: one trace
 
 
+@pytest.mark.jax_slow  # 42 s of eager sampling steps on JAX; TensorFlow and torch run it
 def test_sampling_never_emits_suppressed_ids():
     """A model whose likeliest token is suppressed: never drawn, whatever the seed and
     truncation; with the same draws, the tokens of the full pass with that id ruled out."""
