@@ -158,6 +158,15 @@ CASES = {
         ),
         {"tokens": _tokens(2, 4, 4)},
     ),
+    "TextLanguageModel": lambda: (
+        zoo.text.TextLanguageModel(
+            zoo.transformer_lm(6, num_layers=1, num_heads=2, d_model=8, intermediate_dim=8),
+            zoo.text.string_lookup(["", "[UNK]", "<s>", "</s>", "a", "b"]),
+            4,
+            5,
+        ),
+        {"tokens": _tokens(2, 5, 6)},
+    ),  # fmt: skip
     "transformer_lm(gelu_approximate)": lambda: (
         zoo.transformer_lm(
             15,
