@@ -243,13 +243,14 @@ class TransformerDecoder(TransformerBlock):
             "decoder_sequence", decoder_sequence, self._width, "decoder_padding_mask",
             decoder_padding_mask,
         )  # fmt: skip
-        source_mask = masks.as_bool_mask(encoder_padding_mask, "encoder_padding_mask")
         if encoder_sequence is not None:
             encoder_padding_mask = self._check_sequence(
                 "encoder_sequence", encoder_sequence, self._source_width, "encoder_padding_mask",
                 encoder_padding_mask,
             )  # fmt: skip
             encoder_sequence, source_mask = self._padding(encoder_sequence, encoder_padding_mask)
+        else:  # a cached cross-attention step: the mask alone, read once
+            source_mask = masks.as_bool_mask(encoder_padding_mask, "encoder_padding_mask")
         self.set_output_mask(decoder_padding_mask)  # None: the implicit mask passes through
         decoder_sequence, decoder_mask = self._padding(decoder_sequence, decoder_padding_mask)
 
