@@ -1,7 +1,8 @@
-"""Text generation, ours vs keras-hub: tokens per second and peak memory.
+"""Text generation, ours vs keras-hub: tokens per second and working memory.
 
     KERAS_BACKEND=tensorflow python -m benchmarks.generation [--quick] [--json PATH]
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.generation [--quick] [--json PATH]
+    KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.generation --memory-scaling
 
 A randomly initialized `keras_hub.models.GPT2Backbone` (4 layers, 8 heads,
 hidden 256, intermediate 1024, vocabulary 5,000) and the same weights in a
@@ -15,12 +16,15 @@ process, repeats interleaved (`benchmarks.timing.time_group`); the speed
 ratio ours / keras-hub in tokens per second (> 1: ours is faster), median
 [min-max]. Both generate the same tokens (checked per row).
 
-Peak memory: each library's generation in a fresh subprocess
-(`--child`), compiled by a first call, then the kernel's RSS high-water
-mark reset (`/proc/self/clear_refs`, after `malloc_trim` hands the memory the
-first call freed back to the kernel) and one more call: the growth of the
-peak RSS over the RSS before that call (working memory: activations, caches,
-scores; not the weights or the compiled program).
+Working memory (JAX): XLA's own buffer assignment for each library's
+compiled generation program (`jax.jit(...).lower(...).compile()
+.memory_analysis()`, read from the program the first call compiles):
+`temp` is what the program allocates while it runs (activations, the
+KV cache, attention scores), apart from its arguments (the weights, the
+prompts) and outputs. A static figure from the compiler, not a sampled
+RSS: the same on a loaded machine. TensorFlow's XLA does not expose it
+(an RSS high-water mark read nothing there: XLA's buffers come from a pool
+the first call already holds), so the columns read "-" on TensorFlow.
 
 The long-context row: a 4,096-token prompt, 64 new tokens, batch 1; ours
 with `sliding_window=512` (each token sees the last 512) and the chunked
@@ -30,12 +34,9 @@ memory are compared.
 """
 
 import argparse
-import ctypes
+import functools
 import json
 import os
-import subprocess
-import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -53,14 +54,6 @@ ROWS = [  # (batch, prompt length, sliding window of ours)
     (8, PROMPT, None),
     (1, LONG_PROMPT, WINDOW),
 ]
-
-
-def _status_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return None
 
 
 def build(prompt_length, window, smoke=False):
@@ -106,63 +99,101 @@ def generators(ours, hub, batch, prompt_length, new):
     return run_ours, run_hub
 
 
-def _child(args):
-    ours, hub = build(args.prompt, args.window, args.smoke)
-    run_ours, run_hub = generators(ours, hub, args.batch, args.prompt, args.new)
-    run = run_ours if args.child == "ours" else run_hub
-    run()  # compile
-    # The allocator keeps what the first call freed: hand it back to the kernel, so that the
-    # second call's peak counts the memory it needs (else it reuses the pool: no growth).
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    before = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := the current RSS
-    start = time.perf_counter()
-    run()
-    seconds = time.perf_counter() - start
-    peak = _status_kib("VmHWM")
-    print("RESULT " + json.dumps({"delta_mib": (peak - before) / 1024, "seconds": seconds}))
+def xla_memory(run):
+    """MiB of XLA's buffers for the program `run()` compiles first (JAX): temp, arguments, output.
+
+    `jax.jit` is wrapped while `run` makes its first call, so that the jitted function
+    it builds (ours in `models.lm_generation`, keras-hub's in `CausalLM.make_generate_function`)
+    and the arguments of its first call are kept; the program is lowered and compiled again
+    with them and XLA's `memory_analysis()` read. With several programs, the largest temp.
+    """
+    import jax
+
+    real_jit, calls = jax.jit, []
+
+    def recording_jit(fun=None, **options):
+        if fun is None:  # used as `partial(jax.jit, static_argnames=...)`
+            return functools.partial(recording_jit, **options)
+        jitted = real_jit(fun, **options)
+
+        def call(*args, **kwargs):
+            if not any(c[0] is jitted for c in calls):
+                calls.append((jitted, args, kwargs))
+            return jitted(*args, **kwargs)
+
+        return call
+
+    jax.jit = recording_jit
+    try:
+        run()
+    finally:
+        jax.jit = real_jit
+    if not calls:
+        raise RuntimeError("the generation compiled no jax.jit program (already compiled?)")
+    mib = 1 / 2**20
+    stats = [jitted.lower(*a, **k).compile().memory_analysis() for jitted, a, k in calls]
+    largest = max(stats, key=lambda m: m.temp_size_in_bytes)
+    return {
+        "temp_mib": largest.temp_size_in_bytes * mib,
+        "argument_mib": largest.argument_size_in_bytes * mib,
+        "output_mib": largest.output_size_in_bytes * mib,
+        "programs": len(stats),
+    }
 
 
-def peak_memory(who, batch, prompt, window, new, smoke):
-    command = [sys.executable, "-m", "benchmarks.generation", "--child", who,
-               "--batch", str(batch), "--prompt", str(prompt), "--new", str(new)]  # fmt: skip
-    command += ["--window", str(window)] if window else []
-    command += ["--smoke"] if smoke else []
-    out = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        return {"status": "failed", "stderr": out.stderr[-2000:]}
-    return {"status": "ok", **json.loads(lines[-1][len("RESULT ") :])}
+def memory_scaling(new=NEW):
+    """Ours' XLA temp MiB at long prompts, full attention vs `sliding_window=512` (JAX).
+
+    Each row generates once (so its program is compiled and read); keras-hub is not run.
+    """
+    from keras_attn.models.gpt2 import from_gpt2_backbone
+
+    rows = []
+    print("| ours | prompt + new | temp MiB | arguments MiB |\n|---|---|---|---|")
+    for prompt, window in [(2048, None), (4096, None), (2048, WINDOW), (4096, WINDOW)]:
+        _, hub = build(prompt, None)
+        options = {} if window is None else dict(sliding_window=window, implementation="chunked")
+        ours = from_gpt2_backbone(hub.backbone, dropout=0.0, **options)
+        run_ours, _ = generators(ours, hub, 1, prompt, new)
+        memory = xla_memory(run_ours)
+        rows.append({"prompt": prompt, "new": new, "window": window, **memory})
+        label = "full attention" if window is None else f"window {window}, chunked"
+        print(f"| {label} | {prompt} + {new} | {memory['temp_mib']:.1f} "
+              f"| {memory['argument_mib']:.1f} |", flush=True)  # fmt: skip
+    return rows
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats, no long-context row")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, 4 new tokens")
-    parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--no-memory", action="store_true", help="skip XLA's memory analysis (JAX)")
     parser.add_argument("--json", help="write every sample to this file")
-    parser.add_argument("--child", choices=("ours", "keras-hub"), help=argparse.SUPPRESS)
-    parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--prompt", type=int, default=PROMPT, help=argparse.SUPPRESS)
-    parser.add_argument("--new", type=int, default=NEW, help=argparse.SUPPRESS)
-    parser.add_argument("--window", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-scaling", action="store_true",
+        help="JAX: ours' XLA temp memory at prompts 2,048 and 4,096, full attention vs window",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.child:
-        return _child(args)
+    if args.memory_scaling:
+        if keras.backend.backend() != "jax":
+            parser.error("--memory-scaling reads XLA's memory analysis: KERAS_BACKEND=jax only")
+        return memory_scaling()
     new = 4 if args.smoke else NEW
     rows = ROWS[:2] if (args.quick or args.smoke) else ROWS
     repeats = 1 if args.smoke else 3 if args.quick else 7
     backend = keras.backend.backend()
     print(f"backend {backend}, keras {keras.__version__}, loadavg {timing.loadavg()}")
     print("| rows | B | prompt + new | ours tok/s | keras-hub tok/s | speed ours/keras-hub "
-          "| same tokens | peak MiB ours | peak MiB keras-hub |")  # fmt: skip
+          "| same tokens | temp MiB ours | temp MiB keras-hub |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     report = []
     for batch, prompt, window in rows:
         prompt = 8 if args.smoke else prompt
         ours, hub = build(prompt, window, args.smoke)
         run_ours, run_hub = generators(ours, hub, batch, prompt, new)
+        memory = None  # XLA's analysis needs the first call: before any other
+        if backend == "jax" and not args.no_memory:
+            memory = {"ours": xla_memory(run_ours), "keras-hub": xla_memory(run_hub)}
         same = bool(np.array_equal(run_ours(), run_hub())) if window is None else None
         long_row = window is not None
         result = timing.time_group(
@@ -177,23 +208,17 @@ def main(argv=None):
             "hub_tokens_per_s": tokens / result["keras-hub"]["median_s"],
             "ratio": result["ratio"]["keras-hub"], "timing": result,
         }  # fmt: skip
-        if not args.no_memory:
-            row["memory"] = {
-                who: peak_memory(who, batch, prompt, window, new, args.smoke)
-                for who in ("ours", "keras-hub")
-            }
+        if memory is not None:
+            row["xla_memory"] = memory
         report.append(row)
         ratio = row["ratio"]
-        memory = [
-            f"{row['memory'][w].get('delta_mib', float('nan')):.0f}" if "memory" in row else "-"
-            for w in ("ours", "keras-hub")
-        ]
+        temp = [f"{memory[w]['temp_mib']:.1f}" if memory else "-" for w in ("ours", "keras-hub")]
         label = f"window {window}, chunked" if window else "greedy"
         print(
             f"| {label} | {batch} | {prompt} + {new} | {row['ours_tokens_per_s']:.0f} "
             f"| {row['hub_tokens_per_s']:.0f} | {ratio['median']:.2f} "
             f"[{ratio['min']:.2f}-{ratio['max']:.2f}] | {'-' if same is None else same} "
-            f"| {memory[0]} | {memory[1]} |",
+            f"| {temp[0]} | {temp[1]} |",
             flush=True,
         )
     if args.json:

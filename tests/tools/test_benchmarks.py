@@ -141,3 +141,21 @@ def test_eager_smoke_prints_every_row_with_positive_finite_ratios(tmp_path, caps
     assert "| DecoderBlock vs keras-hub TransformerDecoder | 1x1x256 |" in printed
     assert "(KVCache) vs keras-hub (its cache) | 1x1x256 |" in printed
     assert "| causal self-attention, MSE, SGD | 2x16x32 |" in printed
+
+
+def test_xla_memory_reads_the_buffers_a_program_allocates():
+    """`benchmarks.generation.xla_memory`: XLA's temp buffers, against hand-counted sizes."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import generation
+
+    x = jnp.ones((1024, 8), "float32")
+    # A (1024, 1024) float32 product, sorted: at least its 4 MiB live at once.
+    scores = generation.xla_memory(lambda: jax.jit(lambda x: jnp.sort((x @ x.T).ravel())[:3])(x))
+    assert scores["temp_mib"] >= 4 and scores["programs"] == 1
+    assert scores["argument_mib"] == 1024 * 8 * 4 / 2**20
+    # One fused elementwise-and-sum: nothing close to that size.
+    fused = generation.xla_memory(lambda: jax.jit(lambda x: (2 * x).sum())(x))
+    assert fused["temp_mib"] < 0.1
+    assert jax.jit is not None and "recording" not in jax.jit.__name__  # jax.jit given back
