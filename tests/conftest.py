@@ -82,6 +82,16 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "other_backends: JAX and torch only; on TensorFlow other files run the same checks "
+        "(skipped there).",
+    )
+    config.addinivalue_line(
+        "markers",
+        "slow_covered: a quick test whose every check a slow test repeats at full size; CI, "
+        "which runs both, leaves it out (.ci/run: `not slow_covered`).",
+    )
+    config.addinivalue_line(
+        "markers",
         "xla: checks what only an XLA-compiled call does (tf.function(jit_compile=True), "
         "jax.jit); skipped on torch, which has no XLA. A test parametrized with `jit=True` "
         "counts as marked.",
@@ -98,6 +108,7 @@ def _steps(config):
     and both for a run of the quick and the training tests together (`-m "slow or not slow"`,
     as CI runs them on TensorFlow)."""
     marks = (config.getoption("markexpr", "") or "").replace(" ", "")
+    marks = marks.replace("andnotslow_covered", "").strip("()")  # CI's run leaves those out
     backend = keras.backend.backend()
     if marks in ("", "slowornotslow", "notsloworslow"):
         return [backend, backend + "-slow"]
@@ -145,6 +156,10 @@ def pytest_collection_modifyitems(config, items):
         _longest_files_first(config, items)
     backend = keras.backend.backend()
     if backend == "tensorflow":
+        others = pytest.mark.skip(reason="run on JAX and torch: other files check TensorFlow")
+        for item in items:
+            if "other_backends" in item.keywords:
+                item.add_marker(others)
         return
     skip = pytest.mark.skip(reason=f"TensorFlow only (KERAS_BACKEND={backend})")
     no_xla = pytest.mark.skip(reason="XLA compilation: TensorFlow and JAX only")

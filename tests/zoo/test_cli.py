@@ -54,7 +54,12 @@ def test_list_names_every_task(capsys):
 @pytest.mark.parametrize(
     "task,dataset,metric",
     [
-        ("transformer-reverse", "keras_attn_seq2seq/tiny-reverse", "exact_match"),
+        pytest.param(  # CI runs the full command instead (tests/zoo/test_main_job.py)
+            "transformer-reverse",
+            "keras_attn_seq2seq/tiny-reverse",
+            "exact_match",
+            marks=pytest.mark.slow_covered,
+        ),
         pytest.param(
             "rnn-attention-reverse",
             "keras_attn_seq2seq/tiny-copy",

@@ -76,3 +76,13 @@ def test_the_main_job_reaches_the_figure_the_readme_states(tmp_path):
     expected = [" ".join(t.split()[::-1]) for t in letters]
     reversed_right = sum(o == e for o, e in zip(served, expected, strict=True))
     assert reversed_right >= 19, list(zip(letters, served, strict=True))
+
+    # What the quick run's tiny run of the command checks (test_cli.py, left out of CI, which
+    # runs this test): the `.keras` file reloads safely; the SavedModel decodes token ids.
+    import keras
+    import tensorflow as tf
+
+    assert keras.saving.load_model(out / "transformer-reverse.keras", safe_mode=True) is not None
+    served = tf.saved_model.load(str(out / "transformer-reverse_savedmodel"))
+    tokens = served.greedy_decode(tf.constant(np.ones((2, 5), "int32"))).numpy()
+    assert tokens.shape[0] == 2 and tokens.dtype == np.int32

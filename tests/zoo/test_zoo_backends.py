@@ -1,9 +1,10 @@
 """Every zoo builder trains, reloads and decodes on the backend the run is on.
 
-The same file runs on TensorFlow, JAX and torch (`KERAS_BACKEND`): each builder of
+The same file runs on JAX and torch (`KERAS_BACKEND`; skipped on TensorFlow, where
+the builders' own files run these checks): each builder of
 `keras_attn.models`, tiny, goes through `model_checks.check_model` (a few full-batch
 `fit` steps on padded synthetic data lower a finite loss; `.keras` reload with
-`safe_mode=True` gives equal outputs; the SavedModel too on TensorFlow), then the
+`safe_mode=True` gives equal outputs), then the
 decoding functions run on the trained model and are checked against the model itself.
 The zoo is imported inside the tests, so that collection imports no backend code.
 """
@@ -14,7 +15,9 @@ import pytest
 
 from model_checks import check_model, padded_tokens
 
-pytestmark = pytest.mark.backends  # every builder on every backend
+# Every builder on JAX and torch; on TensorFlow each builder's own file (test_models_*.py,
+# test_transformer_lm.py) runs `check_model` and its decoders.
+pytestmark = [pytest.mark.backends, pytest.mark.other_backends]
 
 START = 1
 
