@@ -46,11 +46,13 @@ from keras_attn.kernels._shapes import default_scale, dims, lengths, swap_last
 from keras_attn.kernels.registry import Kernel
 
 # Whether `"auto"` takes the backend kernel on torch with the CPU as its
-# device, for more than one query (or an unknown number): with one query (a
-# cached decoding step) our fused kernel is faster there, SDPA with a mask
-# measured 1.1-14x slower; with more, SDPA was as fast or faster in training
-# (forward and backward 0.46-1.09x). Measured with benchmarks/backend_kernel.py
-# (numbers in benchmarks/README.md).
+# device, for more than one query (or an unknown number), or one query that
+# SDPA gets without a mask: with one query and a mask (a cached decoding step)
+# our fused kernel is faster there, SDPA with a mask measured 1.1-14x slower;
+# with more, SDPA was as fast or faster in training (forward and backward
+# 0.46-1.09x). Measured with benchmarks/backend_kernel.py (numbers in
+# benchmarks/README.md). One query without a mask: SDPA as fast at 4,096 keys
+# (forward and backward) and, eagerly at 1 key, one op in place of our kernel's ten.
 TORCH_CPU = True
 
 
@@ -81,12 +83,13 @@ def _backend_name():
     return keras.backend.backend()
 
 
-def preferred(shape=None):
+def preferred(shape=None, masked=True):
     """Whether `implementation="auto"` takes the backend kernel on this backend and device.
 
     JAX on a GPU (cuDNN), torch on CUDA (SDPA) and, if `TORCH_CPU`, torch on
     the CPU for scores of `shape` `(..., Tq, Tv)` (`None` where unknown) with
-    more than one query or an unknown number; never
+    more than one query or an unknown number, or one query when not `masked`
+    (SDPA gets neither a mask nor a bias: `sdpa_masked`); never
     TensorFlow (no fused kernel), nor JAX on the CPU (Keras' op is then XLA's
     composition). Reads `device_kind()`, which is read once.
     """
@@ -95,8 +98,22 @@ def preferred(shape=None):
         return device_kind() == "gpu"
     if backend == "torch":
         kind = device_kind()
-        return kind == "cuda" or (kind == "cpu" and TORCH_CPU and _many_queries(shape))
+        cpu = kind == "cpu" and TORCH_CPU and (_many_queries(shape) or not masked)
+        return kind == "cuda" or cpu
     return False
+
+
+def sdpa_masked(spec, shape=None):
+    """Whether `backend_attention` hands the backend a mask or a bias for `spec` on `shape`.
+
+    `False` only when Keras' own `is_causal` (or nothing) is the whole mask:
+    no padding or explicit mask, no window, no bias, and either no causal
+    mask or one that is Keras' top-left one (`Tq == Tv`, static).
+    """
+    if spec.mask is not None or spec.bias is not None or spec.window is not None:
+        return True
+    tq, tv = (None, None) if shape is None else tuple(shape)[-2:]
+    return spec.is_causal and not _native_causal(True, tq, tv, spec.query_start, None)
 
 
 def _many_queries(shape):
@@ -232,10 +249,14 @@ def backend_attention(query, key, value, spec):
         query_length, value_length, is_causal and not native, window, query_start
     )
     mask = masks.merge_masks(spec.mask, positions)  # what goes to Keras as `mask`
-    # Every position mask, Keras' causal one included: which rows see a key.
-    seen = mask if not native else masks.merge_masks(mask, masks.causal_mask(query_length))
-    rows = None if mask is None and native else seen  # Keras' causal mask alone: i sees i
     value, key, flag = finite.zero_nonfinite(value, key)
+    # Every position mask, Keras' causal one included: which rows see a key. Built only
+    # where read: to zero the rows that see nothing (Keras' causal mask alone: row i sees
+    # key i, none to zero) or to mark the rows that see a flagged key.
+    seen = None
+    if mask is not None or (native and flag is not None):
+        seen = mask if not native else masks.merge_masks(mask, masks.causal_mask(query_length))
+    rows = seen if mask is not None else None
     if mask is not None:  # the keys no query sees hold nothing a logit or a gradient could meet
         some_query = swap_last(ops.any(mask, axis=-2, keepdims=True))  # (..., Tv, 1)
         key, value = (ops.where(some_query, x, ops.zeros_like(x)) for x in (key, value))
@@ -280,6 +301,8 @@ BACKEND = Kernel(
     # Where the backend and device prefer it, unless the call keeps it off (flash_attention
     # False) or has a position bias on large scores (evaluated whole here).
     wanted=lambda spec, shape, large, flash_attention: (
-        flash_attention is None and preferred(shape) and not (spec.position_bias and large)
+        flash_attention is None
+        and preferred(shape, masked=sdpa_masked(spec, shape))
+        and not (spec.position_bias and large)
     ),
 )

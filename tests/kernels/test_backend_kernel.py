@@ -239,10 +239,35 @@ def test_torch_cpu_takes_sdpa_for_more_than_one_query(monkeypatch, shape, wanted
     monkeypatch.setattr(kernel_backend, "_backend_name", lambda: "torch")
     wanted = wanted and kernel_backend.TORCH_CPU
     assert kernel_backend.preferred(shape) is wanted
-    spec = kernels.AttentionSpec(return_weights=False)
+    # A cached step's keys are masked (the cache's valid positions).
+    spec = kernels.AttentionSpec(mask=np.ones((1, 1, 1, 1), bool), return_weights=False)
     assert kernels.choose(spec, shape).name == ("backend" if wanted else "fused")
     monkeypatch.setattr(kernel_backend, "device_kind", lambda: "cuda")  # any size on CUDA
     assert kernels.choose(spec, shape).name == "backend"
+
+
+@pytest.mark.parametrize(
+    "spec,shape,masked",
+    [
+        (dict(), (1, 8, 1, 4096), False),  # nothing to mask: SDPA as fast, one op eagerly
+        (dict(is_causal=True), (1, 8, 1, 1), False),  # Keras' is_causal is the whole mask
+        (dict(is_causal=True), (1, 8, 1, 128), True),  # end-aligned: an explicit mask
+        (dict(is_causal=True, query_start=0), (1, 8, 1, 1), False),
+        (dict(is_causal=True, query_start=3), (1, 8, 1, 4), True),
+        (dict(is_causal=True), (None, 8, 1, None), True),
+        (dict(mask=np.ones((1, 1, 1, 4), bool)), (1, 8, 1, 4), True),
+        (dict(window=2), (1, 8, 1, 4), True),
+        (dict(bias=kernels.AttentionBias(np.zeros((1, 1, 1, 4), "float32"))), (1, 8, 1, 4), True),
+    ],
+)
+def test_torch_cpu_takes_sdpa_for_one_query_without_a_mask(monkeypatch, spec, shape, masked):
+    monkeypatch.setattr(kernel_backend, "device_kind", lambda: "cpu")
+    monkeypatch.setattr(kernel_backend, "_backend_name", lambda: "torch")
+    spec = kernels.AttentionSpec(return_weights=False, **spec)
+    assert kernel_backend.sdpa_masked(spec, shape) is masked
+    wanted = not masked and kernel_backend.TORCH_CPU
+    assert kernel_backend.preferred(shape, masked=masked) is wanted
+    assert kernels.choose(spec, shape).name == ("backend" if wanted else "fused")
 
 
 def test_device_kind_is_keras_default_device():
@@ -275,7 +300,7 @@ def test_a_functional_model_runs_the_kernel_its_device_prefers(monkeypatch):
 
 @pytest.mark.parametrize("preferred", [False, True])
 def test_auto_takes_the_backend_kernel_where_preferred(monkeypatch, preferred):
-    monkeypatch.setattr(kernel_backend, "preferred", lambda shape=None: preferred)
+    monkeypatch.setattr(kernel_backend, "preferred", lambda shape=None, masked=True: preferred)
     choose = ops.choose_implementation
     fast = "backend" if preferred else "fused"
     assert choose("auto", SMALL, 0.0, False, False) == fast
@@ -352,7 +377,7 @@ LAYERS = {
     [(True, False, True), (False, True, False), (None, True, True), (None, False, False)],
 )
 def test_flash_attention_says_which_path_runs(monkeypatch, spy, layer, flash, preferred, runs):
-    monkeypatch.setattr(kernel_backend, "preferred", lambda shape=None: preferred)
+    monkeypatch.setattr(kernel_backend, "preferred", lambda shape=None, masked=True: preferred)
     x = rng.normal(size=(2, 6, 8)).astype("float32")
     mask = np.arange(6)[None] < np.array([[6], [4]])
     attention = LAYERS[layer](flash_attention=flash)

@@ -205,7 +205,7 @@ def our_kernels(monkeypatch):
     (torch, a GPU) it would be chosen first (tests/kernels/test_backend_kernel.py tests that)."""
     from keras_attn.kernels import backend as kernel_backend
 
-    monkeypatch.setattr(kernel_backend, "preferred", lambda shape=None: False)
+    monkeypatch.setattr(kernel_backend, "preferred", lambda shape=None, masked=True: False)
 
 
 def test_auto_threshold_counts_the_scores(our_kernels):
