@@ -114,21 +114,21 @@ def position_mask(
     with the block's `key_start`). With `constant=True` and every length and
     start a Python int, the mask is computed once with NumPy (cached) and
     converted: one op in place of seven, for an eager call (a traced call
-    keeps the ops: a constant would put the `(Tq, Tv)` mask in its graph).
+    keeps the ops: a constant would put the `(Tq, Tv)` mask in its graph);
+    and `None` when it masks nothing (one query at the end of the keys).
     """
     if constant and (is_causal or window is not None):
         query_start = _static_start(query_length, value_length, query_start)
         if _all_ints(query_length, value_length, query_start, key_start):
-            return ops.convert_to_tensor(
-                _numpy_position_mask(
-                    int(query_length),
-                    int(value_length),
-                    bool(is_causal),
-                    window,
-                    int(query_start),
-                    int(key_start),
-                )  # fmt: skip
+            mask = _numpy_position_mask(
+                int(query_length),
+                int(value_length),
+                bool(is_causal),
+                window,
+                int(query_start),
+                int(key_start),
             )
+            return None if mask is None else ops.convert_to_tensor(mask)
     parts = []
     if is_causal:
         parts.append(causal_mask(query_length, value_length, query_start, key_start))
@@ -157,6 +157,8 @@ def _numpy_position_mask(query_length, value_length, is_causal, window, query_st
         mask &= rows >= cols
     if window is not None:
         mask &= np.abs(rows - cols) < window
+    if mask.all():  # nothing masked: no mask
+        return None
     mask.flags.writeable = False
     return mask
 
@@ -179,6 +181,13 @@ def position_rows_visible(
     query_start = _static_start(query_length, value_length, query_start)
     if not _all_ints(query_length, value_length, query_start):
         return False
+    return _rows_visible(
+        int(query_length), int(value_length), bool(is_causal), window, int(query_start)
+    )
+
+
+@functools.lru_cache(maxsize=128)
+def _rows_visible(query_length, value_length, is_causal, window, query_start):
     if int(value_length) == 0:
         return int(query_length) == 0
     p = np.arange(int(query_length)) + int(query_start)

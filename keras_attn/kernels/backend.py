@@ -283,7 +283,11 @@ def backend_attention(query, key, value, spec):
         scale=default_scale(query, spec.scale),
         is_causal=native,
     )  # (B, Tq, N, dv)
-    out = ops.cast(_from_keras(out, query), value.dtype)[..., : value.shape[-1]]
+    out = _from_keras(out, query)
+    if out.shape[-1] != value.shape[-1]:  # JAX's zero channels (`_same_widths`)
+        out = out[..., : value.shape[-1]]
+    if ops.dtype(out) != ops.dtype(value):  # computed in float32 (`_is_float16`)
+        out = ops.cast(out, value.dtype)
     out = _nan_where_seen(out, seen, flag)
     if rows is not None:
         out = ops.where(masks.visible_rows(rows), out, ops.zeros_like(out))

@@ -54,8 +54,7 @@ def zero_nonfinite(value, key=None):
         (the `flag` arguments below take `None`).
     """
     if is_eager(value, key):
-        value = ops.convert_to_tensor(value)  # a NumPy input comes back a tensor, as below
-        key = None if key is None else ops.convert_to_tensor(key)
+        value, key = _tensor(value), _tensor(key)  # a NumPy input comes back a tensor, as below
         if all_finite(value, key):
             return value, key, None
     finite = ops.all(ops.isfinite(value), axis=-1, keepdims=True)  # (..., Tv, 1)
@@ -64,6 +63,11 @@ def zero_nonfinite(value, key=None):
         key = _zero_rows(key, finite)
     value = _zero_rows(value, finite)
     return value, key, ops.cast(ops.logical_not(finite), value.dtype)
+
+
+def _tensor(x):
+    """`x` as a tensor (`None` stays `None`); a tensor as it is, without a conversion op."""
+    return x if x is None or ops.is_tensor(x) else ops.convert_to_tensor(x)
 
 
 def all_finite(*tensors) -> bool:

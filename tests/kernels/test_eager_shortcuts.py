@@ -53,13 +53,23 @@ def test_position_rows_visible_is_true_exactly_when_every_row_sees_a_key(
 
 @pytest.mark.parametrize("tq,tv,is_causal,window,start", [c for c in CASES if c[2] or c[3]])
 def test_the_constant_position_mask_equals_the_built_one(tq, tv, is_causal, window, start):
+    def check(constant, built):
+        if constant is None:  # masks nothing: no mask
+            assert np.all(np_(built))
+        else:
+            np.testing.assert_array_equal(np_(constant), np_(built))
+
     built = masks.position_mask(tq, tv, is_causal, window, start)
-    constant = masks.position_mask(tq, tv, is_causal, window, start, constant=True)
-    np.testing.assert_array_equal(np_(constant), np_(built))
+    check(masks.position_mask(tq, tv, is_causal, window, start, constant=True), built)
     # A block of keys (the chunked kernel's key_start) too.
     built = masks.position_mask(tq, tv, is_causal, window, start, key_start=2)
-    constant = masks.position_mask(tq, tv, is_causal, window, start, key_start=2, constant=True)
-    np.testing.assert_array_equal(np_(constant), np_(built))
+    check(masks.position_mask(tq, tv, is_causal, window, start, key_start=2, constant=True), built)
+
+
+def test_the_constant_position_mask_of_one_query_at_the_end_is_none():
+    assert masks.position_mask(1, 5, True, constant=True) is None  # it sees every key
+    assert masks.position_mask(1, 5, True, 2, constant=True) is not None
+    assert masks.position_mask(1, 5, True) is not None  # built: traced calls keep the op
 
 
 def test_lengths_known_only_at_run_time_are_never_called_visible():
