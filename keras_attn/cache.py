@@ -6,6 +6,7 @@ written yet, and padded tokens of a prompt (a left-padded prefill), stay
 invalid, so step-by-step decoding sees exactly the keys a full pass would.
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import keras
@@ -103,18 +104,39 @@ def write(
     else:
         zero, index = ops.zeros((), "int32"), ops.cast(index, "int32")
     start = (zero, zero, index, zero)
-    if valid is None:
-        valid = ops.ones((dim(key, 0), query_length), "bool")
-    # slice_update of a bool tensor is not supported on every backend: as int32.
-    new_valid = ops.slice_update(
-        ops.cast(cache.valid, "int32"), (zero, index), ops.cast(valid, "int32")
-    )
+    cache_length = dim(cache.key, 2)
+    if (
+        valid is None
+        and in_range is None
+        and isinstance(query_length, int)
+        and (isinstance(cache_length, int))
+    ):  # every new token real, static positions: the written ones as a constant, one op
+        new_valid = ops.logical_or(
+            cache.valid, _positions_between(index, index + query_length, cache_length)
+        )
+    else:
+        if valid is None:
+            valid = ops.ones((dim(key, 0), query_length), "bool")
+        # slice_update of a bool tensor is not supported on every backend: as int32.
+        new_valid = ops.slice_update(
+            ops.cast(cache.valid, "int32"), (zero, index), ops.cast(valid, "int32")
+        )
+        new_valid = ops.cast(new_valid, "bool")
     updated = KVCache(
         ops.slice_update(cache.key, start, ops.cast(key, cache.key.dtype)),
         ops.slice_update(cache.value, start, ops.cast(value, cache.value.dtype)),
-        ops.cast(new_valid, "bool"),
+        new_valid,
     )
     return updated, in_range
+
+
+@functools.lru_cache(maxsize=64)
+def _positions_between(start, stop, length):
+    """bool `(length,)` NumPy constant: `start <= position < stop`."""
+    positions = np.arange(length)
+    written = (positions >= start) & (positions < stop)
+    written.flags.writeable = False
+    return written
 
 
 def check_index(index: Length, query_length: Length, cache_length: Length) -> TensorLike | None:

@@ -640,6 +640,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 cache, in_range = write(cache, cache_update_index, k, v, value_mask)
                 k, v, key_mask, start = cache.key, cache.value, cache.valid, cache_update_index
         q = self._heads(self._rotate(self._query_dense(query), 0 if start is None else start))
+        # A self-attention step: each new token is written valid and sees itself.
+        step = cached and not cross and all(m is None for m in (query_mask, value_mask, heads_mask))
         spec = attn_ops.AttentionSpec(
             mask=masks.merge_masks(masks.attention_heads_mask(key_mask), heads_mask),
             is_causal=bool(use_causal_mask),
@@ -652,6 +654,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             seed=self.seed_generator,
             training=training,
             return_weights=return_scores,
+            every_row_sees_a_key=step,
         )
         if self._overrides_compute_attention():
             heads, weights = self._call_compute_attention(q, k, v, spec, training, return_scores)
@@ -668,8 +671,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         if self.use_gate:
             heads = heads * ops.cast(self._gate_dense(query), heads.dtype)
         output = self._output_dense(heads)  # (B, Tq, *output_shape)
-        if cached and not cross and all(m is None for m in (query_mask, value_mask, heads_mask)):
-            rows = None  # a self-attention step: each new token is written valid and sees itself
+        if step:
+            rows = None
         else:
             rows = spec.visible_query_rows(
                 dim(q, 2), dim(k, 2), query_mask, key_mask,

@@ -256,7 +256,7 @@ def backend_attention(query, key, value, spec):
     seen = None
     if mask is not None or (native and flag is not None):
         seen = mask if not native else masks.merge_masks(mask, masks.causal_mask(query_length))
-    rows = seen if mask is not None else None
+    rows = seen if mask is not None and not spec.every_row_sees_a_key else None
     if mask is not None:  # the keys no query sees hold nothing a logit or a gradient could meet
         some_query = swap_last(ops.any(mask, axis=-2, keepdims=True))  # (..., Tv, 1)
         key, value = (ops.where(some_query, x, ops.zeros_like(x)) for x in (key, value))

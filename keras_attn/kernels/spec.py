@@ -42,6 +42,10 @@ class AttentionSpec:
         normalize: `None` (the masked softmax), or `normalize(scores, mask)
             -> weights` (hard attention's selection); masked positions must
             get exactly zero weight.
+        every_row_sees_a_key: the caller knows that every query row sees a
+            key (a self-attention decoding step without padding: each new
+            token is written valid and sees itself); the kernels then skip
+            zeroing the rows that see none (`rows_visible`).
     """
 
     mask: Any = None
@@ -56,6 +60,7 @@ class AttentionSpec:
     training: bool | None = False
     return_weights: bool = True
     normalize: Callable | None = None
+    every_row_sees_a_key: bool = False
 
     @property
     def dropout(self) -> bool:
@@ -99,7 +104,10 @@ class AttentionSpec:
         )  # fmt: skip
 
     def rows_visible(self, query_length, value_length) -> bool:
-        """Whether every query row is known to see a key (no mask, static position masks)."""
+        """Whether every query row is known to see a key (no mask and static position masks,
+        or `every_row_sees_a_key`)."""
+        if self.every_row_sees_a_key:
+            return True
         return self.mask is None and masks.position_rows_visible(
             query_length, value_length, self.is_causal, self.window, self.query_start
         )
