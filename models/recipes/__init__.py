@@ -33,9 +33,10 @@ from keras_attn.models.recipes.text_classification import imdb_task
 # ---------------------------------------------------------------------------
 
 # The main job: noise-free data and a small model, so no dropout; a short warmup to a
-# higher peak, then a cosine decay, converges well before the last epoch (README).
+# higher peak, then a cosine decay: 100 % exact match after 3 epochs (README; 5 until
+# 2026-12-03 gave the same figure in 70 % more time).
 REVERSE = Training(
-    epochs=5, train_examples=20_000, learning_rate=2e-3, cosine_decay=True, warmup_steps=200,
+    epochs=3, train_examples=20_000, learning_rate=2e-3, cosine_decay=True, warmup_steps=200,
     dropout=0.0,
 )  # fmt: skip
 

@@ -213,7 +213,7 @@ def test_help_says_where_the_outputs_go_and_the_defaults(capsys):
         assert default in flat
     status, out, _ = run(capsys, "list")
     assert status == 0
-    assert re.search(r"transformer-reverse .*default: 5 epochs over 20,000 examples", out)
+    assert re.search(r"transformer-reverse .*default: 3 epochs over 20,000 examples", out)
 
 
 @pytest.mark.slow  # trains end to end (CI time: issue 17)
