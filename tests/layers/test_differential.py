@@ -5,10 +5,10 @@ every variant (the dense, fused and chunked kernels of `MultiHeadAttention`), ea
 and compiled with XLA, with zeros, huge values, +-inf and NaN at the padded steps,
 against one float64 reference on clean inputs, outputs and gradients. The quick run
 checks every layer in float32 and mixed_float16, eager and XLA; `mixed_bfloat16` runs
-for `MultiHeadAttention` and the two blocks in the slow run (`test_paths_agree_in_bfloat16`,
-the same checks; CI runs both). The tests of one case and variant follow each other
-and share their compilations; each defect the checks find in the library is a strict
-xfail (`LIBRARY_DEFECTS`).
+for `MultiHeadAttention` and the two blocks, on their cases of the longest sequences, in the
+slow run (`test_paths_agree_in_bfloat16`, the same checks; CI runs both). The tests of one
+case and variant follow each other and share their compilations; each defect the checks
+find in the library is a strict xfail (`LIBRARY_DEFECTS`).
 
 `test_cached_decoding_agrees` runs `testing.assert_cached_decoding_agrees` (a padded
 prefill, then one token at a time, eager and XLA, against the full causal pass) on the
@@ -108,11 +108,14 @@ def defect(test_id):
     return next((r for p, r in LIBRARY_DEFECTS.items() if re.match(p, test_id)), None)
 
 
-def params(names=tuple(TABLE)):
-    """One case and variant after the other, so that their tests share the compilations."""
+def params(names=tuple(TABLE), cases=None):
+    """One case and variant after the other, so that their tests share the compilations;
+    `cases(case_name)`, if given, picks the cases."""
     for name in names:
         entry = TABLE[name]
         for case_name, case in entry.cases.items():
+            if cases is not None and not cases(case_name):
+                continue
             for overrides in entry.variants:
                 base = f"{name}-{case_name}-{variant_name(overrides)}"
                 split = defect(f"{base}-huge") and not defect(f"{base}-outputs")
@@ -133,12 +136,20 @@ def test_paths_agree(name, case, overrides, kind, contents):
     check(name, case, [overrides], contents, gradients=True)
 
 
+def _longest(case_name):
+    """The cases with keys on both sides of the padding: `Tv=5`, `S=5`, `T=5`, causal (the empty
+    and one-key edge cases, `Tv=0`, `Tv=1`, run in the quick run's two policies)."""
+    return not case_name.endswith(("=0", "=1"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, case, overrides, kind, contents", list(params([n for n in TABLE if n in FULL_MATRIX]))
+    "name, case, overrides, kind, contents",
+    list(params([n for n in TABLE if n in FULL_MATRIX], cases=_longest)),
 )
 def test_paths_agree_in_bfloat16(name, case, overrides, kind, contents):
-    """`test_paths_agree` in the policies the quick run leaves out (mixed_bfloat16)."""
+    """`test_paths_agree` in the policies the quick run leaves out (mixed_bfloat16), on the
+    cases of the longest sequences."""
     if kind == "outputs":
         check(name, case, [overrides], CONTENTS, gradients=False, policies=SLOW_POLICIES)
     check(name, case, [overrides], contents, gradients=True, policies=SLOW_POLICIES)
