@@ -146,14 +146,10 @@ def memory_scaling(new=NEW):
 
     Each row generates once (so its program is compiled and read); keras-hub is not run.
     """
-    from keras_attn.models.gpt2 import from_gpt2_backbone
-
     rows = []
     print("| ours | prompt + new | temp MiB | arguments MiB |\n|---|---|---|---|")
     for prompt, window in [(2048, None), (4096, None), (2048, WINDOW), (4096, WINDOW)]:
-        _, hub = build(prompt, None)
-        options = {} if window is None else dict(sliding_window=window, implementation="chunked")
-        ours = from_gpt2_backbone(hub.backbone, dropout=0.0, **options)
+        ours, hub = build(prompt, window)
         run_ours, _ = generators(ours, hub, 1, prompt, new)
         memory = xla_memory(run_ours)
         rows.append({"prompt": prompt, "new": new, "window": window, **memory})

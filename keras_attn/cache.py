@@ -105,12 +105,8 @@ def write(
         zero, index = ops.zeros((), "int32"), ops.cast(index, "int32")
     start = (zero, zero, index, zero)
     cache_length = dim(cache.key, 2)
-    if (
-        valid is None
-        and in_range is None
-        and isinstance(query_length, int)
-        and (isinstance(cache_length, int))
-    ):  # every new token real, static positions: the written ones as a constant, one op
+    static = in_range is None and isinstance(query_length, int) and isinstance(cache_length, int)
+    if valid is None and static:  # every new token real, static positions: one op
         new_valid = ops.logical_or(
             cache.valid, _positions_between(index, index + query_length, cache_length)
         )
