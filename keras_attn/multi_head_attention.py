@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
+from keras_attn._execution import transpose
 from keras_attn._typing import (
     ConstraintLike,
     InitializerLike,
@@ -453,7 +454,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
 
     def _heads(self, x):
         """`(B, T, n, d) -> (B, n, T, d)`."""
-        return ops.transpose(x, (0, 2, 1, 3))
+        return transpose(x, (0, 2, 1, 3))
 
     def _repeat_kv(self, x):
         """`(B, g, T, d) -> (B, h, T, d)`, repeating each of the g heads h/g times."""
@@ -667,7 +668,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 implementation=self.implementation,
                 flash_attention=self._flash_attention,
             )  # (B, h, Tq, dv), (B, h, Tq, Tv) or None
-            heads = ops.transpose(heads, (0, 2, 1, 3))  # (B, Tq, h, dv)
+            heads = transpose(heads, (0, 2, 1, 3))  # (B, Tq, h, dv)
         if self.use_gate:
             heads = heads * ops.cast(self._gate_dense(query), heads.dtype)
         output = self._output_dense(heads)  # (B, Tq, *output_shape)
@@ -735,7 +736,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             implementation=self.implementation,
             flash_attention=self._flash_attention,
         )
-        return ops.transpose(heads, (0, 2, 1, 3)), weights
+        return transpose(heads, (0, 2, 1, 3)), weights
 
     def _overrides_compute_attention(self):
         return type(self)._compute_attention is not MultiHeadAttention._compute_attention
@@ -754,7 +755,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             mask = ops.broadcast_to(mask, (batch, mask.shape[-3] if len(mask.shape) == 4
                                            else 1, length, total))  # fmt: skip
             mask = mask[:, 0] if mask.shape[1] == 1 else mask  # (B, T, S) as Keras gives it
-        to_keras = lambda x: ops.transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, T, N, d)
+        to_keras = lambda x: transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, T, N, d)
         self._return_attention_scores = bool(return_scores)
         return self._invoke_compute_attention(
             to_keras(q),

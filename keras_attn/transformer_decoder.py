@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_attn import masks
+from keras_attn._execution import transpose
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_dim, check_rank
 from keras_attn.cache import KVCache, as_kv_cache, write
@@ -23,13 +24,13 @@ def _from_stacked(name, cache, valid):
             f"`{name}` in keras-hub's form must have shape (batch, 2, length, heads, head_dim) "
             f"(keys and values stacked on axis 1). Received: {name}.shape={tuple(cache.shape)}"
         )
-    key, value = (ops.transpose(cache[:, i], (0, 2, 1, 3)) for i in (0, 1))  # (B, g, S, d)
+    key, value = (transpose(cache[:, i], (0, 2, 1, 3)) for i in (0, 1))  # (B, g, S, d)
     return KVCache(key, value, valid)
 
 
 def _to_stacked(cache):
     """A `KVCache` in keras-hub's form `(B, 2, S, g, d)`; which positions are valid is lost."""
-    return ops.stack([ops.transpose(c, (0, 2, 1, 3)) for c in (cache.key, cache.value)], axis=1)
+    return ops.stack([transpose(c, (0, 2, 1, 3)) for c in (cache.key, cache.value)], axis=1)
 
 
 def _written(cache, index):

@@ -4,13 +4,14 @@ import math
 
 from keras import ops
 
+from keras_attn._execution import transpose
 from keras_attn.arguments import dim
 
 
 def swap_last(x):
     """`(..., a, b) -> (..., b, a)`."""
     rank = len(x.shape)
-    return ops.transpose(x, list(range(rank - 2)) + [rank - 1, rank - 2])
+    return transpose(x, (*range(rank - 2), rank - 1, rank - 2))
 
 
 def default_scale(query, scale=None):

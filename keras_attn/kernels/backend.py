@@ -1,4 +1,4 @@
-"""The backend's fused kernel: `keras.ops.dot_product_attention`, with our semantics around it.
+"""The backend's fused kernel: `keras.ops.dot_product_attention` (torch: SDPA), with our masks.
 
 `backend_attention` hands the attention itself to the backend: on JAX with
 a GPU, cuDNN's (flash) attention through `jax.nn.dot_product_attention`; on
@@ -31,7 +31,9 @@ Keras' layout is `(B, T, N, H)`, ours `(..., T, d)`: the kernel transposes
 `(B, N, T, H)` in and out (rank 3 gains a heads axis of 1, more leading axes
 are merged). Where the projections give `(B, T, N, H)` and the kernel takes
 `(B, N, T, H)` as `MultiHeadAttention` does, the two transposes cancel: XLA
-folds them, torch's are views.
+folds them. On torch the kernel calls SDPA itself (`_torch_sdpa`), which
+takes our layout as it is: Keras' op would transpose to SDPA's layout and
+back, with a copy of each input, on every eager call.
 """
 
 import functools
@@ -39,8 +41,10 @@ import functools
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend.common import global_state
 
 from keras_attn import masks
+from keras_attn._execution import transpose
 from keras_attn.kernels import finite
 from keras_attn.kernels._shapes import default_scale, dims, lengths, swap_last
 from keras_attn.kernels.registry import Kernel
@@ -59,13 +63,14 @@ TORCH_CPU = True
 def device_kind():
     """The kind of Keras' default device: `"cpu"`, `"gpu"`, `"cuda"`, `"tpu"`, `"mps"`.
 
-    On torch, where Keras puts new tensors; read once outside a symbolic trace
-    (a functional model is built on torch's `"meta"` device, which says nothing
-    about where the model will run: never kept).
+    On torch, where Keras puts new tensors: the device of a `keras.device`
+    scope (Keras' own global, which is what its `get_device` reads; a
+    functional model is built in a `"meta"` scope, which says nothing about
+    where the model will run), else Keras' default device, read once.
     """
     if keras.backend.backend() == "torch":
-        kind = ops.convert_to_tensor(0.0).device.type
-        return kind if kind == "meta" else _torch_device_kind()
+        scope = global_state.get_global_attribute("torch_device", None)
+        return _torch_device_kind() if scope is None else str(scope).split(":")[0]
     return _listed_device_kind()
 
 
@@ -141,7 +146,7 @@ def _to_keras(x, rank):
     if rank > 4:  # (b_1, ..., b_n, N, T, d): the batch axes merged
         shape = dims(x)
         x = ops.reshape(x, (-1, *shape[-3:]))
-    return ops.transpose(x, (0, 2, 1, 3))
+    return transpose(x, (0, 2, 1, 3))
 
 
 def _from_keras(y, like):
@@ -151,7 +156,7 @@ def _from_keras(y, like):
         return y[0, :, 0, :]
     if rank == 3:
         return y[:, :, 0, :]
-    y = ops.transpose(y, (0, 2, 1, 3))  # (B, N, T, H)
+    y = transpose(y, (0, 2, 1, 3))  # (B, N, T, H)
     if rank > 4:
         y = ops.reshape(y, (*dims(like)[:-2], *dims(y)[-2:]))
     return y
@@ -213,8 +218,45 @@ def _large_negative(dtype):
     return -0.7 * float(np.finfo(keras.backend.standardize_dtype(dtype)).max)
 
 
+def _torch_sdpa(query, key, value, bias, mask, scale, is_causal):
+    """`torch.nn.functional.scaled_dot_product_attention` on our layout, as Keras' op calls it.
+
+    SDPA takes `(..., T, d)` with any leading axes, ours; Keras' op wants
+    `(B, T, N, H)` and transposes to SDPA's layout and back (on torch's CPU
+    with a copy of each), which an eager call pays for in five transposes and
+    three copies. The same call otherwise: a boolean `mask` becomes an additive
+    one (0 or a large negative, Keras' choice, so a row that sees nothing has
+    finite gradients) with `is_causal`'s mask folded in, a `bias` (the mask
+    already folded in) goes as `attn_mask`, and torch picks the SDPA kernel.
+    """
+    import torch
+
+    query, key, value, bias, mask = (
+        x if x is None or torch.is_tensor(x) else ops.convert_to_tensor(x)
+        for x in (query, key, value, bias, mask)
+    )
+    if not query.dtype == key.dtype == value.dtype:  # SDPA wants one dtype: Keras' promotion
+        dtype = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
+        query, key, value = (x.to(dtype) for x in (query, key, value))
+    if mask is not None:
+        if is_causal:  # SDPA takes one of the two: the causal mask folded in, as Keras does
+            mask = torch.logical_and(mask, masks.causal_mask(query.shape[-2]))
+            is_causal = False
+        bias = torch.zeros_like(mask, dtype=query.dtype)  # in the query's dtype: float64 too
+        bias = bias.masked_fill(torch.logical_not(mask), _large_negative(query.dtype))
+    elif bias is not None and bias.dtype != query.dtype:
+        bias = bias.to(query.dtype)
+    squeeze = len(query.shape) == 2  # (T, d): SDPA wants a batch axis
+    if squeeze:
+        query, key, value = query[None], key[None], value[None]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias, is_causal=is_causal, scale=scale
+    )
+    return out[0] if squeeze else out
+
+
 def backend_attention(query, key, value, spec):
-    """`dense_attention(...)[0]` computed by `keras.ops.dot_product_attention`.
+    """`dense_attention(...)[0]` computed by `keras.ops.dot_product_attention` (torch: SDPA).
 
     Args:
         query, key, value, spec: as `keras_attn.kernels.dense_attention`.
@@ -239,11 +281,11 @@ def backend_attention(query, key, value, spec):
     query_length, value_length = lengths(query, key)
     if _static(value_length) == 0:  # no key: zeros, as every kernel gives them
         return ops.matmul(ops.zeros_like(query[..., :0]), value), None
-    torch = keras.backend.backend() == "torch"
+    on_torch = keras.backend.backend() == "torch"
     # Keras' torch op passes a bias to SDPA as its mask, which SDPA refuses next to is_causal:
     # there the causal mask goes in folded into the bias.
     native = _native_causal(is_causal, query_length, value_length, query_start, window) and not (
-        torch and bias is not None
+        on_torch and bias is not None
     )
     positions = masks.position_mask(
         query_length, value_length, is_causal and not native, window, query_start
@@ -262,28 +304,33 @@ def backend_attention(query, key, value, spec):
         key, value = (ops.where(some_query, x, ops.zeros_like(x)) for x in (key, value))
     rank = len(query.shape)
     q, k, v = query, key, value
-    if (bias is not None or (torch and mask is not None)) and _is_float16(query):
+    if (bias is not None or (on_torch and mask is not None)) and _is_float16(query):
         # Keras casts a bias to the inputs' dtype (a float32 bias of 7e4 is inf in float16),
         # and its torch op adds the mask to the logits (a large negative, -45852 in float16:
         # a masked logit that overflowed float16 would still win). In float32, neither.
         q, k, v = (ops.cast(x, "float32") for x in (q, k, v))
     full_bias = spec.whole_bias(query, query_length, value_length)
     if full_bias is not None:
-        if mask is not None and torch:  # one of mask and bias (SDPA's rule): the mask folded in
+        if mask is not None and on_torch:  # one of mask and bias (SDPA's rule): the mask folded in
             full_bias = ops.where(mask, full_bias, _large_negative(q.dtype))
             mask = None
-        full_bias = _grid_to_keras(full_bias, rank, query)
-    q, k, v = _same_widths(q, k, v)
-    out = ops.dot_product_attention(
-        _to_keras(q, rank),
-        _to_keras(k, rank),
-        _to_keras(v, rank),
-        bias=full_bias,
-        mask=None if mask is None else _grid_to_keras(mask, rank, query),
-        scale=default_scale(query, spec.scale),
-        is_causal=native,
-    )  # (B, Tq, N, dv)
-    out = _from_keras(out, query)
+    scale = default_scale(query, spec.scale)
+    if on_torch:  # SDPA itself, on our layout: no transposes to Keras' and back
+        out = _torch_sdpa(q, k, v, full_bias, mask, scale, native)
+    else:
+        if full_bias is not None:
+            full_bias = _grid_to_keras(full_bias, rank, query)
+        q, k, v = _same_widths(q, k, v)
+        out = ops.dot_product_attention(
+            _to_keras(q, rank),
+            _to_keras(k, rank),
+            _to_keras(v, rank),
+            bias=full_bias,
+            mask=None if mask is None else _grid_to_keras(mask, rank, query),
+            scale=scale,
+            is_causal=native,
+        )  # (B, Tq, N, dv)
+        out = _from_keras(out, query)
     if out.shape[-1] != value.shape[-1]:  # JAX's zero channels (`_same_widths`)
         out = out[..., : value.shape[-1]]
     if ops.dtype(out) != ops.dtype(value):  # computed in float32 (`_is_float16`)

@@ -31,7 +31,9 @@ matmul on CPU about 2x slower, forward and backward: measured.)
 """
 
 import functools
+import math
 
+import keras
 from keras import ops
 
 from keras_attn._execution import is_eager
@@ -79,9 +81,23 @@ def all_finite(*tensors) -> bool:
     runs, which is right for any input). In narrower dtypes, entry by entry.
     """
     tensors = [t for t in tensors if t is not None]
+    if keras.backend.backend() == "torch":  # the same test in torch's ops: a Keras op costs
+        return _torch_all_finite(tensors)  # as much again per step, eagerly (issue 23)
     if all(ops.dtype(t) in ("float32", "float64") for t in tensors):
         return bool(ops.isfinite(functools.reduce(ops.add, [ops.sum(t) for t in tensors])))
     return all(bool(ops.all(ops.isfinite(t))) for t in tensors)
+
+
+def _torch_all_finite(tensors) -> bool:
+    import torch
+
+    tensors = [t if torch.is_tensor(t) else ops.convert_to_tensor(t) for t in tensors]
+    if all(t.dtype in (torch.float32, torch.float64) for t in tensors):
+        total = tensors[0].sum()
+        for t in tensors[1:]:
+            total = total + t.sum()
+        return math.isfinite(total.item())  # a Python float: no isfinite op (5 us vs 14 us)
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _zero_rows(x, finite):

@@ -274,6 +274,12 @@ def test_device_kind_is_keras_default_device():
     kind = kernel_backend.device_kind()
     assert kind in ("cpu", "gpu", "cuda", "tpu", "mps")
     assert kernel_backend.preferred() is PREFERRED.get((keras.backend.backend(), kind), False)
+    if keras.backend.backend() == "torch":  # where Keras puts a new tensor, in a scope too
+        assert kind == keras.ops.convert_to_tensor(0.0).device.type
+        for scope in ("meta", "cpu"):
+            with keras.device(scope):
+                made = keras.ops.convert_to_tensor(0.0).device.type
+                assert kernel_backend.device_kind() == made == scope
 
 
 def test_a_functional_model_runs_the_kernel_its_device_prefers(monkeypatch):

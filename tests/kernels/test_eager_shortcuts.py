@@ -194,3 +194,20 @@ def test_all_finite_is_numpys_isfinite_and_an_overflowing_sum_takes_the_guard(dt
             else:
                 assert flag is not None and np_(flag)[1, 2, 0] == 1
                 assert np_(key)[1, 2, 3] == 0
+
+
+@pytest.mark.parametrize("axes", [(0, 2, 1, 3), (0, 1, 3, 2), (3, 1, 0, 2), (1, 0)])
+def test_transpose_is_numpys_eagerly_traced_and_on_arrays(axes):
+    """`_execution.transpose` (an einsum on eager TensorFlow) permutes as `np.transpose` does."""
+    x = rng.normal(size=(2, 3, 4, 5)[: len(axes)]).astype("float32")
+    expected = np.transpose(x, axes)
+    tensor = keras.ops.convert_to_tensor(x)
+    for value in (x, tensor, keras.ops.cast(x, "float16"), tensor > 0, keras.ops.cast(x, "int32")):
+        got = _execution.transpose(value, axes)
+        assert tuple(got.shape) == expected.shape
+        np.testing.assert_array_equal(np_(got), np.transpose(np_(value), axes))
+    if keras.backend.backend() == "tensorflow":  # traced: the graph's own transpose
+        import tensorflow as tf
+
+        traced = tf.function(lambda v: _execution.transpose(v, axes))
+        np.testing.assert_array_equal(np_(traced(x)), expected)
