@@ -1,6 +1,9 @@
 """`TransformerDecoder`: masked self-attention, cross-attention, feed-forward."""
 
+import functools
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn import masks
@@ -35,9 +38,19 @@ def _to_stacked(cache):
 
 def _written(cache, index):
     """bool `(B, S)`: the positions of a keras-hub cache before `index` (taken as real tokens)."""
+    batch, length = cache.shape[0], cache.shape[2]
+    if all(isinstance(n, int) and not isinstance(n, bool) for n in (batch, length, index)):
+        return _written_constant(batch, length, index)  # one constant, not six ops a step
     length = ops.shape(cache)[2]
     before = ops.arange(length, dtype="int32") < ops.cast(index, "int32")
     return ops.broadcast_to(ops.expand_dims(before, 0), (ops.shape(cache)[0], length))
+
+
+@functools.lru_cache(maxsize=64)
+def _written_constant(batch, length, index):
+    before = np.broadcast_to(np.arange(length) < index, (batch, length))
+    before.flags.writeable = False
+    return before
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

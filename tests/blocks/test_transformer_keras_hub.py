@@ -152,13 +152,15 @@ def decode(layer, x, source, prompt, source_mask=None, index_as_tensor=False):
     return np.concatenate([np_(o) for o in outputs], axis=1), np_(cache), np_(cross)
 
 
-@pytest.mark.parametrize("source_mask", [None, ENC_MASK])
-def test_keras_hub_cache_form_gives_keras_hubs_outputs_and_caches(source_mask):
+@pytest.mark.parametrize("source_mask,index_as_tensor", [(None, True), (ENC_MASK, True),
+                                                          (ENC_MASK, False)])  # fmt: skip
+def test_keras_hub_cache_form_gives_keras_hubs_outputs_and_caches(source_mask, index_as_tensor):
+    """Also with a Python int index (the written positions then come as a NumPy constant)."""
     ours, theirs = copied(
         keras_attn.TransformerDecoderBlock(16, 2), hub.TransformerDecoder(16, 2), X, ENC
     )
     expected = decode(theirs, X, ENC, 2, source_mask)
-    actual = decode(ours, X, ENC, 2, source_mask, index_as_tensor=True)
+    actual = decode(ours, X, ENC, 2, source_mask, index_as_tensor=index_as_tensor)
     keep = np.ones(ENC.shape[:2], bool) if source_mask is None else source_mask
     keys = np.broadcast_to(keep[:, None, :, None, None], actual[2].shape)
     for a, e, real in zip(actual, expected, [True, True, keys], strict=True):
