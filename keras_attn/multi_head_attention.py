@@ -33,7 +33,7 @@ from keras_attn.cache import KVCache, as_kv_cache, write
 from keras_attn.layer_io import AttentionLayer, prepare_query, zero_unseen_rows
 from keras_attn.matmul_einsum_dense import MatmulEinsumDense
 from keras_attn.multi_head_shapes import (
-    AttentionLayout,
+    attention_layout,
     check_attention_axes,
     check_key_value_shapes,
     check_output_shape,
@@ -359,7 +359,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 "A rank-2 query attends over axis 1 of `value` only. Received: "
                 f"attention_axes={self.attention_axes}"
             )
-        return AttentionLayout(rank, None if len(query_shape) == 2 else self.attention_axes)
+        return attention_layout(rank, None if len(query_shape) == 2 else self.attention_axes)
 
     def build(self, query_shape, value_shape, key_shape=None):
         check_key_value_shapes(value_shape, key_shape)
@@ -552,7 +552,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         else:
             check_key_value_shapes(value.shape, None if key is None else key.shape)
             source = value.shape
-        layout = AttentionLayout(3) if cached else self._layout(query.shape, source)
+        layout = attention_layout(3) if cached else self._layout(query.shape, source)
         if attention_mask is not None:
             if single_query:  # (B, Tv) -> (B, 1, Tv)
                 check_rank("attention_mask", attention_mask.shape, (2,))

@@ -9,6 +9,7 @@ shapes. A softmax over several axes at once is a softmax over their flattened
 positions, so the weights are the same.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -82,6 +83,15 @@ def _product(dims):
     for d in dims:
         total = total * d
     return total
+
+
+@functools.lru_cache(maxsize=64)
+def attention_layout(rank, attention_axes=None):
+    """The `AttentionLayout` of `rank` and `attention_axes` (a tuple or `None`), made once.
+
+    A layout holds nothing but its axes; an eager call would otherwise build one each time.
+    """
+    return AttentionLayout(rank, attention_axes)
 
 
 class AttentionLayout:
