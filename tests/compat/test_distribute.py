@@ -92,11 +92,11 @@ def _free_ports(count):
     return ports
 
 
-def _train(tmp_path, name, data_dir, devices, *flags):
+def _train(tmp_path, name, data_dir, devices, *flags, mode="cli"):
     """`keras-attn train` in a subprocess; returns its per-step losses."""
     losses = tmp_path / f"{name}_losses.json"
     out = tmp_path / name
-    _run(tmp_path, name, "cli", str(devices), str(losses), *RECIPE, "--data-dir", data_dir,
+    _run(tmp_path, name, mode, str(devices), str(losses), *RECIPE, "--data-dir", data_dir,
          "--output", str(out), *flags)  # fmt: skip
     return json.loads(losses.read_text())
 
@@ -118,8 +118,11 @@ def one_replica(data_dir, tmp_path_factory):
     Not the run without `--strategy`: under any strategy Keras 3.15 draws one batch to
     build the model before training, so a reshuffling `tf.data` pipeline trains on its
     second shuffle instead of its first (docs/training.md).
+    Only its losses are compared: it skips the SavedModel export and the plot (`cli-losses`;
+    the two-replica and multi-worker runs export theirs).
     """
-    return _train(tmp_path_factory.mktemp("one"), "one", data_dir, 1, "--strategy", "mirrored")
+    path = tmp_path_factory.mktemp("one")
+    return _train(path, "one", data_dir, 1, "--strategy", "mirrored", mode="cli-losses")
 
 
 @pytest.fixture(scope="module")
@@ -292,10 +295,16 @@ def _inspect(path):
         json.dump(found, f)
 
 
-def _cli(devices, path, argv):
-    """`keras-attn` with `devices` logical CPUs, writing the loss after every step to `path`."""
+def _cli(devices, path, argv, losses_only=False):
+    """`keras-attn` with `devices` logical CPUs, writing the loss after every step to `path`.
+
+    `losses_only`: the same training and evaluation, but no SavedModel export (an empty
+    directory in its place) and no plot, for a run whose losses alone are compared.
+    """
     if devices > 1:
         _split_cpu(devices)
+    import dataclasses
+
     import keras
 
     from keras_attn.models import cli, recipes
@@ -313,6 +322,11 @@ def _cli(devices, path, argv):
 
     callbacks = recipes.Settings.callbacks
     recipes.Settings.callbacks = lambda settings: [*callbacks(settings), StepLosses()]
+    if losses_only:
+        train = recipes.train
+        recipes.train = lambda task, settings=None: dataclasses.replace(
+            train(task, settings), export=os.makedirs, plot=None
+        )
     return cli.main(argv)
 
 
@@ -321,4 +335,4 @@ if __name__ == "__main__":
     if mode == "inspect":
         _inspect(rest[0])
     else:
-        sys.exit(_cli(int(rest[0]), rest[1], rest[2:]))
+        sys.exit(_cli(int(rest[0]), rest[1], rest[2:], losses_only=mode == "cli-losses"))
