@@ -202,7 +202,8 @@ def test_transpose_is_numpys_eagerly_traced_and_on_arrays(axes):
     x = rng.normal(size=(2, 3, 4, 5)[: len(axes)]).astype("float32")
     expected = np.transpose(x, axes)
     tensor = keras.ops.convert_to_tensor(x)
-    for value in (x, tensor, keras.ops.cast(x, "float16"), tensor > 0, keras.ops.cast(x, "int32")):
+    casts = [keras.ops.cast(x, dtype) for dtype in ("float16", "bfloat16", "float64", "int32")]
+    for value in (x, tensor, tensor > 0, *casts):
         got = _execution.transpose(value, axes)
         assert tuple(got.shape) == expected.shape
         np.testing.assert_array_equal(np_(got), np.transpose(np_(value), axes))
