@@ -66,7 +66,12 @@ def test_list_names_every_task(capsys):
             "exact_match",
             marks=pytest.mark.slow,
         ),
-        ("pointer-sort", "keras_attn_sorting/tiny", "sequence_accuracy"),
+        pytest.param(  # CI: the slow console test runs the same command and checks its outputs
+            "pointer-sort",
+            "keras_attn_sorting/tiny",
+            "sequence_accuracy",
+            marks=pytest.mark.slow_covered,
+        ),
         pytest.param(
             "pointer-hull", "keras_attn_convex_hull/tiny", "area_coverage", marks=pytest.mark.slow
         ),
@@ -79,16 +84,21 @@ def test_train_end_to_end_on_a_tiny_local_dataset(task, dataset, metric, tmp_pat
         "--output", str(tmp_path / "out"),
     )  # fmt: skip
     assert status == 0
+    check_outputs(out, tmp_path / "out", task, dataset, metric)
+
+
+def check_outputs(out, folder, task, dataset, metric):
+    """A training run's console line and outputs: metrics, `.keras`, SavedModel, heatmap."""
     assert f"trained {task} on {dataset}" in out
-    stem = tmp_path / "out" / task
-    metrics = json.loads((tmp_path / "out" / f"{task}_metrics.json").read_text())
+    stem = folder / task
+    metrics = json.loads((folder / f"{task}_metrics.json").read_text())
     assert metrics["dataset"] == dataset and 0 <= metrics[metric] <= 1.5
     assert keras.saving.load_model(f"{stem}.keras", safe_mode=True) is not None
     served = tf.saved_model.load(f"{stem}_savedmodel")
     if metric == "exact_match":  # seq2seq: the SavedModel decodes by itself
         tokens = served.greedy_decode(tf.constant(np.ones((2, 5), "int32"))).numpy()
         assert tokens.shape[0] == 2 and tokens.dtype == np.int32
-    assert (tmp_path / "out" / f"{task}_attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (folder / f"{task}_attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow  # trains end to end (CI time: issue 17)
@@ -249,6 +259,9 @@ def test_a_default_run_shows_progress_metrics_and_outputs_only(tmp_path):
         assert noise not in out, out
     assert "Epoch 1/1" in out and "sequence_accuracy: " in out
     assert f"savedmodel: {tmp_path / 'out' / 'pointer-sort_savedmodel'}" in out
+    # The quick in-process run of the same command (CI leaves it out: `slow_covered`).
+    check_outputs(out, tmp_path / "out", "pointer-sort", "keras_attn_sorting/tiny",
+                  "sequence_accuracy")  # fmt: skip
 
 
 # The input pipeline warns of no discarded cache: checked on the main job itself, with
