@@ -108,7 +108,7 @@ def write(
     static = in_range is None and isinstance(query_length, int) and isinstance(cache_length, int)
     if valid is None and static:  # every new token real, static positions: one op
         new_valid = ops.logical_or(
-            cache.valid, _positions_between(index, index + query_length, cache_length)
+            cache.valid, positions_between(index, index + query_length, cache_length)
         )
     else:
         if valid is None:
@@ -127,8 +127,8 @@ def write(
 
 
 @functools.lru_cache(maxsize=64)
-def _positions_between(start, stop, length):
-    """bool `(length,)` NumPy constant: `start <= position < stop`."""
+def positions_between(start, stop, length):
+    """bool `(length,)` NumPy constant: `start <= position < stop` (static ints, made once)."""
     positions = np.arange(length)
     written = (positions >= start) & (positions < stop)
     written.flags.writeable = False

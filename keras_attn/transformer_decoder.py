@@ -1,7 +1,5 @@
 """`TransformerDecoder`: masked self-attention, cross-attention, feed-forward."""
 
-import functools
-
 import keras
 import numpy as np
 from keras import ops
@@ -10,7 +8,7 @@ from keras_attn import masks
 from keras_attn._execution import transpose
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_dim, check_rank
-from keras_attn.cache import KVCache, as_kv_cache, write
+from keras_attn.cache import KVCache, as_kv_cache, positions_between, write
 from keras_attn.transformer_block import BLOCK_ARGS, TransformerBlock
 
 
@@ -40,17 +38,11 @@ def _written(cache, index):
     """bool `(B, S)`: the positions of a keras-hub cache before `index` (taken as real tokens)."""
     batch, length = cache.shape[0], cache.shape[2]
     if all(isinstance(n, int) and not isinstance(n, bool) for n in (batch, length, index)):
-        return _written_constant(batch, length, index)  # one constant, not six ops a step
+        # one constant, not six ops a step
+        return np.broadcast_to(positions_between(0, index, length), (batch, length))
     length = ops.shape(cache)[2]
     before = ops.arange(length, dtype="int32") < ops.cast(index, "int32")
     return ops.broadcast_to(ops.expand_dims(before, 0), (ops.shape(cache)[0], length))
-
-
-@functools.lru_cache(maxsize=64)
-def _written_constant(batch, length, index):
-    before = np.broadcast_to(np.arange(length) < index, (batch, length))
-    before.flags.writeable = False
-    return before
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

@@ -226,8 +226,8 @@ def _torch_sdpa(query, key, value, bias, mask, scale, is_causal):
     with a copy of each), which an eager call pays for in five transposes and
     three copies. The same call otherwise: a boolean `mask` becomes an additive
     one (0 or a large negative, Keras' choice, so a row that sees nothing has
-    finite gradients) with `is_causal`'s mask folded in, a `bias` (the mask
-    already folded in) goes as `attn_mask`, and torch picks the SDPA kernel.
+    finite gradients), a `bias` (the mask already folded in) goes as
+    `attn_mask`, and torch picks the SDPA kernel.
     """
     import torch
 
@@ -238,10 +238,7 @@ def _torch_sdpa(query, key, value, bias, mask, scale, is_causal):
     if not query.dtype == key.dtype == value.dtype:  # SDPA wants one dtype: Keras' promotion
         dtype = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
         query, key, value = (x.to(dtype) for x in (query, key, value))
-    if mask is not None:
-        if is_causal:  # SDPA takes one of the two: the causal mask folded in, as Keras does
-            mask = torch.logical_and(mask, masks.causal_mask(query.shape[-2]))
-            is_causal = False
+    if mask is not None:  # (`backend_attention` passes no `is_causal` next to it)
         bias = torch.zeros_like(mask, dtype=query.dtype)  # in the query's dtype: float64 too
         bias = bias.masked_fill(torch.logical_not(mask), _large_negative(query.dtype))
     elif bias is not None and bias.dtype != query.dtype:
@@ -282,10 +279,10 @@ def backend_attention(query, key, value, spec):
     if _static(value_length) == 0:  # no key: zeros, as every kernel gives them
         return ops.matmul(ops.zeros_like(query[..., :0]), value), None
     on_torch = keras.backend.backend() == "torch"
-    # Keras' torch op passes a bias to SDPA as its mask, which SDPA refuses next to is_causal:
-    # there the causal mask goes in folded into the bias.
+    # SDPA takes `is_causal` or an `attn_mask` (our bias or mask), not both: on torch, next to
+    # a bias or a mask the causal mask is one of our position masks, merged into the mask.
     native = _native_causal(is_causal, query_length, value_length, query_start, window) and not (
-        on_torch and bias is not None
+        on_torch and (bias is not None or spec.mask is not None)
     )
     positions = masks.position_mask(
         query_length, value_length, is_causal and not native, window, query_start
