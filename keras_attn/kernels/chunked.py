@@ -292,11 +292,14 @@ def _attend(q, k, v, flag, blocks):
     count = 3 + len(bias_inputs) + len(score_inputs)
 
     def attend(*args):
-        flag, traced = args[count], blocks.with_constants(args[count + 1 :])
+        traced = blocks.with_constants(args[count + 1 :])
         # The forward pass on stopped inputs: an eager GradientTape would
         # otherwise record every block's ops and keep their (Tq, Bk) tiles
         # alive (O(Tq Tv) memory; measured at L=8192: 4.5 GiB instead of 1.2).
+        # The flag too: made from the watched value (`zeros_like`, when nothing
+        # is flagged), it would have the tape keep every block's P of `P flag`.
         stopped = [ops.stop_gradient(x) for x in args[:count]]
+        flag = ops.stop_gradient(args[count])
         q, k, v = stopped[:3]
         bias_end = 3 + len(bias_inputs)
         bias = None if blocks.bias is None else blocks.bias.with_inputs(stopped[3:bias_end])
