@@ -62,7 +62,13 @@ def check_dim(name_a, dim_a, name_b, dim_b, what):
 def dim(x, axis):
     """The size of `x` on `axis`: the static int where known (no shape op), else a scalar tensor."""
     size = x.shape[axis]
-    return size if size is not None else keras.ops.shape(x)[axis]
+    if size is not None:
+        return size
+    if keras.backend.backend() == "tensorflow":  # `ops.shape` slices every unknown axis
+        import tensorflow as tf
+
+        return tf.shape(x)[axis]
+    return keras.ops.shape(x)[axis]
 
 
 def check_floating(name, x):

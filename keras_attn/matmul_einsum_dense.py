@@ -43,6 +43,6 @@ class MatmulEinsumDense(keras.layers.EinsumDense):
         y = ops.matmul(ops.reshape(inputs, (-1, flat[0])), ops.reshape(kernel, flat))
         if self.bias is not None:
             y = y + ops.reshape(ops.cast(self.bias, self.compute_dtype), (flat[1],))
-        lead = [ops.shape(inputs)[i] for i in range(len(inputs.shape) - n)]
+        lead = ops.shape(inputs)[:-n]  # one shape op (per axis, each call would add one)
         y = ops.reshape(y, (*lead, *outer))
         return y if self.activation is None else self.activation(y)

@@ -200,6 +200,10 @@ def test_projection_with_dynamic_batch_and_length(equation, contract, input_shap
     spec = tf.TensorSpec((None, None, *input_shape[2:]), "float32")
     dynamic = tf.function(layer, input_signature=[spec])
     np.testing.assert_allclose(np_(dynamic(x)), expected, atol=1e-4 * np.abs(expected).max())
+    # The unknown leading sizes are read once: one Shape op, one slice per unknown axis (each
+    # op costs trace and compile time, and each projection of every traced layer makes them).
+    types = [op.type for op in dynamic.get_concrete_function().graph.get_operations()]
+    assert types.count("Shape") == 1 and types.count("StridedSlice") == 2, types
 
 
 def test_quantized_projection_keeps_the_einsum_path():
