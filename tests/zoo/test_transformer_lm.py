@@ -59,14 +59,20 @@ def _left_padded(prompts):
     return np.stack([np.concatenate([r[r == 0], r[r != 0]]) for r in prompts])
 
 
+# The references' full passes are right-padded to this one length (prompts of 5 tokens and
+# up to 4 new ones): on JAX each new input shape compiles every op of the model again
+# (about 5 s a shape on 2 cores), so one shape for every step of every reference.
+REFERENCE_LENGTH = 10
+
+
 def _last_logits(model, rows):
     """`(B, V)`: each row's (a list of tokens) next-token logits from one uncached full pass.
 
-    The rows are right-padded to one length: causal, the padding after a
+    The rows are right-padded to `REFERENCE_LENGTH`: causal, the padding after a
     row's last token changes nothing there.
     """
-    length = max(map(len, rows))
-    batch = np.array([row + [0] * (length - len(row)) for row in rows], "int32")
+    assert max(map(len, rows)) <= REFERENCE_LENGTH, rows
+    batch = np.array([row + [0] * (REFERENCE_LENGTH - len(row)) for row in rows], "int32")
     return _np(model(batch))[np.arange(len(rows)), [len(row) - 1 for row in rows]]
 
 
