@@ -140,8 +140,8 @@ def assert_source_padding_changes_nothing(model, inputs, count):
         padded = {k: v[i : i + 1] for k, v in inputs.items()}
         expected = np_(model(unpadded))
         # float32 rounding of sums over more keys, relative to the logits' size (a trained
-        # model's reach 10: CI saw 1.2e-5 at a logit of 3.8); padding that leaked in moves them
-        # by orders of magnitude more.
+        # model's reach 10: a local .ci/run saw 1.2e-5 at a logit of 3.8); padding that
+        # leaked in moves them by orders of magnitude more.
         atol = 1e-5 * max(1.0, float(np.abs(expected).max()))
         np.testing.assert_allclose(np_(model(padded)), expected, atol=atol)
 
