@@ -40,9 +40,9 @@ def _written(cache, index):
     if all(isinstance(n, int) and not isinstance(n, bool) for n in (batch, length, index)):
         # one constant, not six ops a step
         return np.broadcast_to(positions_between(0, index, length), (batch, length))
-    length = ops.shape(cache)[2]
-    before = ops.arange(length, dtype="int32") < ops.cast(index, "int32")
-    return ops.broadcast_to(ops.expand_dims(before, 0), (ops.shape(cache)[0], length))
+    shape = ops.shape(cache)  # once: traced on TensorFlow, each call is a Shape op and slices
+    before = ops.arange(shape[2], dtype="int32") < ops.cast(index, "int32")
+    return ops.broadcast_to(ops.expand_dims(before, 0), (shape[0], shape[2]))
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
