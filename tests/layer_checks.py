@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from keras_attn import testing
+from keras_attn.models.training import build_for_fit
 from keras_attn.testing import _support
 
 
@@ -170,6 +171,7 @@ def check_layer(
         target = rng.normal(
             size=(first.shape[0] or len(next(iter(inputs.values()))),) + tuple(first.shape[1:])
         ).astype("float32")
+        build_for_fit(train_model, (feed, target))  # TensorFlow: each step traced once
         before = train_model.evaluate(feed, target, verbose=0)
         train_model.fit(feed, target, epochs=1, batch_size=len(target), verbose=0)
         after = train_model.evaluate(feed, target, verbose=0)

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from keras_attn import testing
+from keras_attn.models.training import build_for_fit
 
 
 def _flat(outputs):
@@ -68,6 +69,7 @@ def check_model(
     # 2. A few fit steps lower the loss.
     model.compile(optimizer=optimizer or keras.optimizers.Adam(0.01), loss=loss)
     batch_size = len(keras.tree.flatten(x)[0])
+    build_for_fit(model, (x, y, sample_weight))  # TensorFlow: each step traced once
     evaluate = {"batch_size": batch_size, "verbose": 0, "return_dict": True}
     before = model.evaluate(x, y, sample_weight=sample_weight, **evaluate)["loss"]
     model.fit(x, y, sample_weight=sample_weight, epochs=steps, batch_size=batch_size, verbose=0)

@@ -33,6 +33,7 @@ from keras_attn.models.recipes.common import (
     take,
     text_vectorizer,
 )
+from keras_attn.models.training import build_for_fit
 
 # ---------------------------------------------------------------------------
 # Defaults
@@ -175,6 +176,7 @@ def language_model_task(task_name, default_dataset):
                 optimizer=adam_warmup_cosine(steps, LEARNING_RATE, WARMUP_STEPS, clipnorm=1.0),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
             )
+            build_for_fit(model, train_batches)  # TensorFlow traces the step once, not twice
             print(f"{label}: {model.count_params():,} weights")
             keras.utils.set_random_seed(settings.seed)  # the same dropout draws' seeds
             start, cpu = time.perf_counter(), time.process_time()

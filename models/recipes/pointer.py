@@ -36,6 +36,7 @@ from keras_attn.models.recipes.common import (
     numpy_pairs,
     take,
 )
+from keras_attn.models.training import build_for_fit
 
 EPOCHS = 10  # passes over the training examples unless `Settings.epochs` says otherwise
 CHUNK = 250  # steps between two checkpoints of `--backup-dir`
@@ -64,6 +65,7 @@ def pointer_task(task_name, default_dataset):
         model.compile(
             optimizer=adam_warmup_cosine(steps, PEAK_LEARNING_RATE, clipnorm=1.0), loss=_loss()
         )
+        build_for_fit(model, train)  # TensorFlow traces the train step once, not twice
         start = time.perf_counter()
         progress = EpochProgress(steps, settings.epochs or EPOCHS, chunk)  # not the chunks
         model.fit(

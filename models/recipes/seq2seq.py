@@ -35,6 +35,7 @@ from keras_attn.models.recipes.common import (
     take,
     text_vectorizer,
 )
+from keras_attn.models.training import build_for_fit
 
 # ---------------------------------------------------------------------------
 # Seq2seq on text pairs: generated tasks and ted_hrlr_translate
@@ -109,8 +110,10 @@ def seq2seq_task(
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             weighted_metrics=["accuracy"],
         )
+        features = batched.map(to_features)
+        build_for_fit(model, features)  # TensorFlow traces the train step once, not twice
         model.fit(
-            batched.map(to_features), epochs=epochs, shuffle=False,
+            features, epochs=epochs, shuffle=False,
             callbacks=settings.callbacks(),
         )  # fmt: skip
 

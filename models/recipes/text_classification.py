@@ -7,6 +7,7 @@ import tensorflow as tf
 from keras_attn import models
 from keras_attn.models import text
 from keras_attn.models.recipes.common import Result, load_supervised, take
+from keras_attn.models.training import build_for_fit
 
 # ---------------------------------------------------------------------------
 # Text classification: imdb_reviews with a Transformer or a HAN
@@ -75,8 +76,10 @@ def imdb_task(task_name, architecture):
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
+        train_batches = batches(train, shuffle=True)
+        build_for_fit(model, train_batches)  # TensorFlow traces the train step once, not twice
         model.fit(
-            batches(train, shuffle=True), epochs=settings.epochs or EPOCHS, shuffle=False,
+            train_batches, epochs=settings.epochs or EPOCHS, shuffle=False,
             callbacks=settings.callbacks(),
         )  # fmt: skip
         _, accuracy = model.evaluate(batches(test), verbose=0)

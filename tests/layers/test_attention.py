@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import keras_attn
+from keras_attn.models.training import build_for_fit
 from layer_checks import check_fully_masked_rows, check_layer
 from numpy_reference import (
     additive_scores,
@@ -230,6 +231,7 @@ def test_embedding_mask_zero_model_trains_and_round_trips(tmp_path):
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )
+    build_for_fit(model, (ids, labels))
     history = model.fit(ids, labels, epochs=15, batch_size=64, verbose=0)
     assert history.history["accuracy"][-1] > 0.9, history.history["accuracy"]
 

@@ -8,6 +8,7 @@ import pytest
 
 from keras_attn import ops
 from keras_attn.hard_attention import HardAttention
+from keras_attn.models.training import build_for_fit
 from keras_attn.pointer_attention import PointerAttention
 from keras_attn.pooling import AttentionPooling
 from keras_attn.scores import BilinearScore
@@ -207,6 +208,7 @@ def test_hard_attention_learns_a_selection_task():
     )
     model = keras.Model(inputs, selected)
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    build_for_fit(model, (train, train_target))
     model.fit(train, train_target, epochs=3, batch_size=64, verbose=0)
 
     chosen = np.argmax(keras.Model(inputs, weights).predict(test, verbose=0), -1)
@@ -294,6 +296,7 @@ def test_pointer_attention_learns_to_sort():
     probs = PointerAttention(units=16)(dec, enc, attention_mask=chosen)
     model = keras.Model([encoder, decoder, chosen], probs)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
+    build_for_fit(model, (train, train_targets))
     model.fit(train, train_targets, epochs=3, batch_size=64, verbose=0)
 
     predicted = np.argmax(model.predict(test, verbose=0), -1)

@@ -20,6 +20,7 @@ from keras_attn import models as zoo
 from keras_attn.models.decoding import export_seq2seq
 from keras_attn.models.files import write_atomically
 from keras_attn.models.recipes import BackupAndRestore, Settings
+from keras_attn.models.training import build_for_fit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 300  # seconds for one run, the start of TensorFlow included
@@ -84,6 +85,7 @@ def fit(callbacks, epochs=3, build=mlp):
     keras.utils.set_random_seed(0)  # a restart: the same start as the first run
     model = build()
     x, y = examples()
+    build_for_fit(model, (x, y))
     model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, callbacks=callbacks, verbose=0)
     return model
 

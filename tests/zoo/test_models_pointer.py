@@ -10,6 +10,7 @@ from keras_attn.models.datasets import convex_hull_indices
 from keras_attn.models.decoding import polygon_decode
 from keras_attn.models.geometry import hull_metrics, is_simple_polygon
 from keras_attn.models.layers import ChosenPositionsMask, PointerDecoderInputs
+from keras_attn.models.training import build_for_fit
 from layer_checks import check_layer
 from model_checks import check_model
 
@@ -193,6 +194,7 @@ def test_pointer_network_learns_to_sort_five_numbers():
         0.01, epochs * len(train_points) // batch_size
     )
     model.compile(optimizer=keras.optimizers.Adam(schedule), loss=_loss())
+    build_for_fit(model, ({"points": train_points, "pointers": train_order}, train_order))
     model.fit(
         {"points": train_points, "pointers": train_order},
         train_order,

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from keras_attn.models import rnn_seq2seq
+from keras_attn.models.training import build_for_fit
 from model_checks import check_model
 
 SCORES = ["additive", "dot", "scaled_dot", "bilinear", None]
@@ -144,6 +145,7 @@ def test_attention_beats_the_baseline_at_reversing_long_sequences():
         keras.utils.set_random_seed(0)
         model = rnn_seq2seq(vocab, vocab, embedding_dim=32, units=64, score=score)
         model.compile(optimizer=keras.optimizers.Adam(0.005), loss=_loss())
+        build_for_fit(model, (train, train_target))
         model.fit(train, train_target, epochs=5, batch_size=64, verbose=0)
         predicted = np.argmax(model.predict(test, batch_size=256, verbose=0), -1)
         correct = predicted == test_target

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_attn
+from keras_attn.models.training import build_for_fit
 
 VOCAB, D_MODEL = 13, 32
 
@@ -74,6 +75,7 @@ def test_two_layer_encoder_classifier_fits_saves_and_serves(tmp_path):
     x, y = majority_task(128, 16, np.random.default_rng(0))
     model = encoder_classifier(16)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    build_for_fit(model, (x, y))
     history = model.fit(x, y, epochs=2, batch_size=64, verbose=0).history["loss"]
     assert np.all(np.isfinite(history)) and history[-1] < history[0], history
     assert_padding_changes_nothing(model, x[:3])
@@ -92,6 +94,7 @@ def test_two_layer_encoder_classifier_learns_the_majority_task():
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
+    build_for_fit(model, (x_train, y_train))
     model.fit(x_train, y_train, epochs=6, batch_size=64, verbose=0)
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     assert accuracy > 0.9, accuracy  # chance is 0.5; measured 1.0
@@ -152,6 +155,7 @@ def test_two_layer_encoder_decoder_fits_saves_and_serves(tmp_path):
     x, y = reverse_task(128, 8, np.random.default_rng(1))
     model = encoder_decoder(8)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    build_for_fit(model, (x, y))
     history = model.fit(x, y, epochs=2, batch_size=64, verbose=0).history["loss"]
     assert np.all(np.isfinite(history)) and history[-1] < history[0], history
     assert_source_padding_changes_nothing(model, x, 3)
@@ -169,6 +173,7 @@ def test_two_layer_encoder_decoder_learns_to_reverse():
         optimizer=keras.optimizers.Adam(2e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
+    build_for_fit(model, (train, train_target))
     model.fit(train, train_target, epochs=8, batch_size=64, verbose=0)
     predicted = np_(model(test)).argmax(-1)
     real = test_target != 0
