@@ -4,11 +4,11 @@ On TensorFlow, `model.fit` and `model.evaluate` (without a distribution strategy
 optimizer's variables and the compiled loss and metrics' to the first trace of their step
 function. A `tf.function` that creates variables in its first trace is traced a second
 time, so the first `fit` of a model traces its whole training step twice, and the first
-`evaluate` its test step. Measured on a 2+2-layer Transformer encoder-decoder
-(`tests/zoo/test_transformer_models.py`, 2 epochs of 2 batches, 2 CPU cores): `fit` took
-11.6 s, and 5.5 s with the state built first (one trace). JAX, torch and TensorFlow under a
-distribution strategy build that state before tracing already; Keras does it with the same
-method this calls (`Trainer._symbolic_build`).
+`evaluate` its test step. Measured on a 2+2-layer Transformer encoder-decoder, its first
+`evaluate` and a 2-epoch `fit` (`python -m benchmarks.first_fit`, 2 CPU cores): 19.5 s, and
+10.7 s with the state built first (one trace of each step). JAX, torch and TensorFlow
+under a distribution strategy build that state before tracing already; Keras does it with
+the same method this calls (`Trainer._symbolic_build`).
 """
 
 import keras
