@@ -209,3 +209,12 @@ def test_translate_command_exports_a_translator_and_writes_bleu(catalogs, tmp_pa
     served = tf.saved_model.load(str(out / "ted-translate_savedmodel"))
     english = served.signatures["serving_default"](text=tf.constant(["Salvar", "Página 3"]))
     assert english["text"].dtype == tf.string and english["text"].shape == (2,)
+
+
+def test_longest_counts_the_most_words_of_a_string_across_batches():
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 12, 5000)  # more strings than one batch of the count (4096)
+    counts[4500] = 17  # the longest, in the second batch
+    texts = [" ".join(["w"] * int(n)) for n in counts] + ["", "  a   b  "]
+    assert seq2seq._longest(tf.data.Dataset.from_tensor_slices(texts)) == 17
+    assert seq2seq._longest(tf.data.Dataset.from_tensor_slices(["", " "])) == 1  # at least 1
