@@ -5,8 +5,8 @@ every variant (the dense, fused and chunked kernels of `MultiHeadAttention`), ea
 and compiled with XLA, with zeros, huge values, +-inf and NaN at the padded steps,
 against one float64 reference on clean inputs, outputs and gradients. The quick run
 checks every layer and variant eagerly in float32 and mixed_float16, and compiled with XLA
-in float32 (`XLA_POLICIES`; with the XLA compilations in mixed_float16 too, and an
-outputs-only call that the gradient checks repeat, the file took 255 s alone on 2 cores
+in float32 (`XLA_POLICIES`; with XLA in the other policies too, and an outputs-only call
+that the gradient checks repeat, the file with its slow tests took 255 s alone on 2 cores
 instead of 162 s); `mixed_bfloat16` runs eagerly for
 `MultiHeadAttention` and the two blocks, on their cases of the longest sequences, in the slow
 run (`test_paths_agree_in_bfloat16`, the same checks; CI runs both). The tests of one case
