@@ -21,25 +21,28 @@ if WORKERS > 1:
         f"--xla_cpu_multi_thread_eigen={str(THREADS > 1).lower()}",
         f"intra_op_parallelism_threads={THREADS}",
     ]
-# On JAX every eager loop (the chunked kernel's fori_loop) and custom gradient compiles anew,
-# and most of the suite's time there is XLA compiling small programs (41 ms each, 364 of them
-# in one MHA test). Two things cut it (measured on three test files, 2 workers: 250 s -> 147 s):
-# LLVM at optimization level 0 (XLA's own HLO passes, fusion included, still run: the same
-# programs, compiled with less effort) and a persistent compilation cache for the run, shared
-# by the workers and the subprocesses tests start, which serves a program compiled before
-# (keyed by its HLO, so a re-traced loop with the same shapes is a hit). Not on TensorFlow:
-# the same flag gave its XLA tests nothing. A user's own XLA_FLAGS / JAX_COMPILATION_CACHE_DIR
-# are kept as they are.
+# Most of the JAX step's time, and most of the TensorFlow differential's, is XLA compiling small
+# programs (on JAX every eager loop, the chunked kernel's fori_loop, and custom gradient compiles
+# anew: 773 compiles took 87 s of 148 s in tests/layers/test_attention.py). Tests need them
+# compiled, not fast: XLA's HLO passes (fusion included) still run, with LLVM at optimization
+# level 0 and the CPU's older loop emitters instead of the MLIR fusion emitters. Measured on
+# 2 cores: ~200 small JAX programs 52-55 -> 30-36 ms each for the second flag on top of the
+# first; TensorFlow jit_compile 110 -> 44 ms a compile for both (-O0 alone: 90 ms), and
+# tests/layers/test_differential.py 154 s -> 125 s (187 -> 133 s of CPU). TensorFlow's fit
+# does not use XLA on a CPU (Keras' jit_compile="auto"), so its training tests are unchanged.
+# On JAX, also a persistent compilation cache for the run, shared by the workers and the
+# subprocesses tests start, which serves a program compiled before (keyed by its HLO, so a
+# re-traced loop with the same shapes is a hit). A user's own XLA_FLAGS /
+# JAX_COMPILATION_CACHE_DIR are kept as they are.
+XLA_FLAGS += ["--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]
 MADE_JAX_CACHE = None  # the directory this process made (and removes at the end)
 if os.environ["KERAS_BACKEND"] == "jax":
-    XLA_FLAGS.append("--xla_backend_optimization_level=0")
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process makes it; workers inherit
         MADE_JAX_CACHE = tempfile.mkdtemp(prefix="keras-attn-jax-cache-")
         os.environ["JAX_COMPILATION_CACHE_DIR"] = MADE_JAX_CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-if XLA_FLAGS:
-    os.environ.setdefault("XLA_FLAGS", " ".join(XLA_FLAGS))
+os.environ.setdefault("XLA_FLAGS", " ".join(XLA_FLAGS))
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

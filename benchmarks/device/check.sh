@@ -30,8 +30,9 @@ if (( dry )); then
     flag=(--dry-run)
     export JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=""
     # Its times mean nothing (tiny shapes): LLVM at -O0 compiles JAX's steps in about half the
-    # time (speed-jax 43 s -> 23 s, the whole dry run 116 s -> 88 s of CPU).
-    export XLA_FLAGS="--xla_backend_optimization_level=0${XLA_FLAGS:+ $XLA_FLAGS}"
+    # time (speed-jax 43 s -> 23 s, the whole dry run 116 s -> 88 s of CPU), and the older loop
+    # emitters in place of the MLIR fusion emitters cut more (tests/conftest.py).
+    export XLA_FLAGS="--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false${XLA_FLAGS:+ $XLA_FLAGS}"
     py=python
 else
     total=${DEVICE_CHECK_SECONDS:-465}
