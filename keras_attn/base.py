@@ -164,7 +164,6 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         query, query_mask, attention_mask, single_query = prepare_query(
             query, value, query_mask, value_mask, attention_mask, key=key
         )
-        self.set_output_mask(query_mask)
         # Padded keys and values zeroed before the projections: nothing they hold
         # reaches a gradient of the projections (dW = x^T dy).
         value, key = masks.zero_padded(value, value_mask), masks.zero_padded(key, value_mask)
@@ -204,15 +203,21 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         if single_query:
             output = output[:, 0]
             weights = None if weights is None else weights[..., 0, :]
+            query_mask = None if query_mask is None else query_mask[:, 0]  # (B,)
+        output = self.with_output_mask(output, query_mask)
         return (output, weights) if return_attention_scores else output
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
         return tuple(query_shape[:-1]) + (self.output_width(query_shape, value_shape),)
 
-    def compute_output_spec(self, query, value, key=None, return_attention_scores=False, **kwargs):
+    def compute_output_spec(
+        self, query, value, key=None, query_mask=None, value_mask=None, attention_mask=None,
+        use_causal_mask=False, return_attention_scores=False, **kwargs,
+    ):  # fmt: skip
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
         )
+        output = self.with_output_mask(output, query_mask)
         if not return_attention_scores:
             return output
         weights_shape = tuple(query.shape[:-1]) + (value.shape[1],)

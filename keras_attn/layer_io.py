@@ -1,10 +1,10 @@
 """What every attention layer does around `keras_attn.ops.attention`: inputs in, outputs out.
 
-- `QueryMaskOutput`: the output mask is the query mask (`set_output_mask` /
-  `compute_mask`); `AttentionLayer` adds that `attention_bias` reaches `call`
-  as one `keras_attn.AttentionBias` that Keras neither casts (a float32 bias
-  keeps its range under `mixed_float16`) nor refuses (a tuple mixing tensors
-  and position biases);
+- `QueryMaskOutput`: the output mask is the query mask, carried by the
+  output itself (`with_output_mask`, `compute_mask`); `AttentionLayer` adds
+  that `attention_bias` reaches `call` as one `keras_attn.AttentionBias` that
+  Keras neither casts (a float32 bias keeps its range under `mixed_float16`)
+  nor refuses (a tuple mixing tensors and position biases);
 - `check_input_shapes`, `prepare_query`, `check_masks`: the checks `build`
   and `call` start with, and the rank-2 query;
 - `zero_unseen_rows`: the rows that see no key, or are padded, set to zero
@@ -13,6 +13,9 @@
 
 import keras
 from keras import ops as kops
+
+# Keras has no public name for it; `keras.layers.MultiHeadAttention` sets its output mask so.
+from keras.src.backend.common.masking import set_keras_mask
 
 from keras_attn import masks
 from keras_attn.arguments import check_dim, check_floating, check_rank
@@ -23,23 +26,43 @@ from keras_attn.ops import AttentionBias
 class QueryMaskOutput:
     """Mixin: the output mask of a layer is its query mask, implicit or explicit.
 
-    Keras gives an output the implicit mask of the first input only; a
-    `query_mask` passed as an argument would be lost, and a downstream layer
-    (`AttentionPooling`, a loss) would weigh padded rows. `call` hands the
-    mask it used to `set_output_mask`; `compute_mask`, which Keras calls right
-    after `call` (eager, traced or symbolic), returns it.
+    Keras' `Layer.__call__` hands `compute_mask` the first input and its
+    implicit mask only (`compute_mask(query, previous_mask)`): a mask passed
+    as an argument (`query_mask=`, a block's `padding_mask=`) would be lost,
+    and a downstream layer (`AttentionPooling`, a loss) would weigh padded
+    rows. So the output carries the mask, as `keras.layers.MultiHeadAttention`
+    does it: `call` attaches the mask it used to its output, and
+    `compute_output_spec` the symbolic mask to the symbolic output (a
+    functional model replays the masks its graph recorded); Keras keeps a mask
+    an output already carries. Nothing of a call is kept on the layer: calls
+    from several threads never exchange their masks.
     """
 
-    # Set past `Layer.__setattr__`: a mask (or None) is nothing Keras tracks, and its tracking
-    # (on torch also `Module.__setattr__`) costs a small eager call 2-3 % of its time, twice.
-    def set_output_mask(self, query_mask):
-        mask = None if query_mask is None else masks.as_bool_mask(query_mask)
-        object.__setattr__(self, "_output_mask", mask)
+    # The call argument that holds the explicit output mask.
+    output_mask_argument = "query_mask"
 
-    def compute_mask(self, inputs, previous_mask=None):
-        mask = getattr(self, "_output_mask", None)
-        object.__setattr__(self, "_output_mask", None)
-        return previous_mask if mask is None else mask
+    def compute_mask(self, inputs, previous_mask=None, **call_arguments):
+        """The output mask of a call: its explicit mask, else `previous_mask`.
+
+        Keras calls `compute_mask(inputs, previous_mask)` with the implicit
+        mask of the first input; the call's other arguments may follow by
+        name, and the one named `output_mask_argument` (`query_mask`,
+        `padding_mask`, ...), when given, is the output mask (as bool).
+        """
+        mask = call_arguments.get(self.output_mask_argument)
+        if mask is None:
+            return previous_mask
+        return masks.as_bool_mask(mask, self.output_mask_argument)
+
+    def with_output_mask(self, output, mask):
+        """`output` carrying `mask` (as bool) as its Keras mask; with `mask=None`, as it is.
+
+        Returns `output`: the mask is an attribute of that tensor (symbolic
+        or not), never of the layer.
+        """
+        if mask is not None:
+            set_keras_mask(output, masks.as_bool_mask(mask, self.output_mask_argument))
+        return output
 
 
 class AttentionLayer(QueryMaskOutput):

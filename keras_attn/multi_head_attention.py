@@ -589,8 +589,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             cache_update_index=cache_update_index,
             attention_bias=attention_bias,
         )
-        self.set_output_mask(query_mask)
-        output = layout.unflatten_output(output, query)
+        output = self.with_output_mask(layout.unflatten_output(output, query), query_mask)
         if weights is not None:
             weights = layout.unflatten_scores(weights, query, value)
         outputs = (output, weights) if return_attention_scores else (output,)
@@ -771,13 +770,16 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         return self._compute_attention(query, key, value, mask, training, return_scores)
 
     def compute_output_spec(
-        self, query, value=None, key=None, return_attention_scores=False, cache=None, **kwargs
-    ):
+        self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,
+        attention_mask=None, return_attention_scores=False, training=None, use_causal_mask=False,
+        cache=None, **kwargs,
+    ):  # fmt: skip
         cache = None if cache is None else as_kv_cache(cache)
         if cache is None:
             check_key_value_shapes(value.shape, None if key is None else key.shape)
         output_shape = tuple(query.shape)[:-1] + (self._output_shape or tuple(query.shape)[-1:])
-        outputs = [keras.KerasTensor(output_shape, dtype=self.compute_dtype)]
+        output = keras.KerasTensor(output_shape, dtype=self.compute_dtype)
+        outputs = [self.with_output_mask(output, query_mask)]
         if return_attention_scores:
             if self._flash_attention:
                 raise ValueError(_FLASH_SCORES)

@@ -170,6 +170,8 @@ class TransformerEncoder(TransformerBlock):
     """
     )
 
+    output_mask_argument = "padding_mask"  # the explicit output mask (`compute_mask`)
+
     def build(self, inputs_shape):
         # keras-hub's weight order: attention, its norm, the feed-forward norm, its kernels.
         self._build_self_attention(inputs_shape, "inputs", "self_attention_layer")
@@ -188,7 +190,6 @@ class TransformerEncoder(TransformerBlock):
         padding_mask = self._check_sequence(
             "inputs", inputs, self._width, "padding_mask", padding_mask
         )
-        self.set_output_mask(padding_mask)  # None: the implicit mask passes through
         inputs, padding_mask = self._padding(inputs, padding_mask)
         weights = []
 
@@ -213,6 +214,7 @@ class TransformerEncoder(TransformerBlock):
             inputs, self._self_attention_layer_norm, self._self_attention_dropout, attend, training
         )
         x = self._feedforward_residual(x, training)
+        x = self.with_output_mask(x, padding_mask)  # None: the implicit mask passes through
         return (x, weights[0]) if return_attention_scores else x
 
     def compute_output_spec(
@@ -225,6 +227,7 @@ class TransformerEncoder(TransformerBlock):
         use_causal_mask=False,
     ):
         output = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        output = self.with_output_mask(output, padding_mask)
         if not return_attention_scores:
             return output
         batch, length = inputs.shape[0], inputs.shape[1]

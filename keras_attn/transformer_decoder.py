@@ -138,6 +138,8 @@ class TransformerDecoder(TransformerBlock):
     """
     )
 
+    output_mask_argument = "decoder_padding_mask"  # the explicit output mask (`compute_mask`)
+
     def build(self, decoder_sequence_shape, encoder_sequence_shape=None):
         # keras-hub's weight order: self-attention and its norm, cross-attention
         # and its norm, the feed-forward kernels, their norm.
@@ -257,7 +259,6 @@ class TransformerDecoder(TransformerBlock):
             encoder_sequence, source_mask = self._padding(encoder_sequence, encoder_padding_mask)
         else:  # a cached cross-attention step: the mask alone, read once
             source_mask = masks.as_bool_mask(encoder_padding_mask, "encoder_padding_mask")
-        self.set_output_mask(decoder_padding_mask)  # None: the implicit mask passes through
         decoder_sequence, decoder_mask = self._padding(decoder_sequence, decoder_padding_mask)
 
         stacked = _is_stacked(self_attention_cache)
@@ -329,7 +330,8 @@ class TransformerDecoder(TransformerBlock):
                 training,
             )
         x = self._feedforward_residual(x, training)
-        outputs = [x] + weights
+        # None: the implicit mask passes through (Keras' `compute_mask`).
+        outputs = [self.with_output_mask(x, decoder_padding_mask)] + weights
         if cached:
             outputs.append(_to_stacked(caches[0]) if stacked else caches[0])
             if self._cross_attention_layer is not None:
@@ -354,7 +356,8 @@ class TransformerDecoder(TransformerBlock):
         return_attention_scores=False,
     ):
         batch, length = decoder_sequence.shape[0], decoder_sequence.shape[1]
-        outputs = [keras.KerasTensor(decoder_sequence.shape, dtype=self.compute_dtype)]
+        output = keras.KerasTensor(decoder_sequence.shape, dtype=self.compute_dtype)
+        outputs = [self.with_output_mask(output, decoder_padding_mask)]
         cross = self._cross_attention_layer
         stacked = _is_stacked(self_attention_cache)
         if stacked:

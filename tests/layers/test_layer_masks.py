@@ -2,6 +2,8 @@
 ragged, integer and float masks, NumPy scalars; a NaN at a masked key is in no gradient;
 mixed float16 with huge padding on the default path equals the weights path."""
 
+import threading
+
 import keras
 import numpy as np
 import pytest
@@ -162,3 +164,153 @@ def test_a_nan_at_a_masked_key_is_in_no_gradient_of_the_score_layers(make):
     for g in grads:
         if g is not None:
             assert np.all(np.isfinite(np_(g)))
+
+
+# -- the output mask belongs to the call, not to the layer --------------------------------------
+
+Q_PAD = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)
+# Each layer built for `x (2, 5, 8)`, and a call with its explicit output mask.
+OUTPUT_MASK_LAYERS = {
+    "ScaledDotAttention": (
+        keras_attn.ScaledDotAttention,
+        lambda layer, x, m: layer(x, x, query_mask=m),
+    ),
+    "MultiHeadAttention": (
+        lambda: keras_attn.MultiHeadAttention(num_heads=2, key_dim=4),
+        lambda layer, x, m: layer(x, x, query_mask=m),
+    ),
+    "TransformerEncoder": (
+        lambda: keras_attn.TransformerEncoder(16, 2),
+        lambda layer, x, m: layer(x, padding_mask=m),
+    ),
+    "TransformerDecoder": (
+        lambda: keras_attn.TransformerDecoder(16, 2),
+        lambda layer, x, m: layer(x, x, decoder_padding_mask=m),
+    ),
+}
+
+
+def _written_by_a_first_call(layer, call):
+    """Names of the attributes a first call of a built layer adds or replaces."""
+    before = dict(vars(layer))
+    output = call()
+    after = dict(vars(layer))
+    missing = object()
+    names = {k for k in before.keys() | after.keys() if before.get(k, missing) is not after.get(k)}
+    return names, output
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUT_MASK_LAYERS))
+def test_a_call_stores_nothing_on_the_layer_and_its_output_carries_the_query_mask(name):
+    """A mask kept on the layer between `call` and `compute_mask` is shared by two threads."""
+    make, run = OUTPUT_MASK_LAYERS[name]
+    x = t(rng.normal(size=(2, 5, 8)).astype("float32"))
+    dense = keras.layers.Dense(3)
+    dense.build(x.shape)
+    keras_own, _ = _written_by_a_first_call(dense, lambda: dense(x))  # Keras' `_called`
+    layer = make()
+    if name.startswith("Transformer"):
+        layer.build(*[x.shape] * (2 if "Decoder" in name else 1))
+    else:
+        layer.build(x.shape, x.shape)
+    written, out = _written_by_a_first_call(layer, lambda: run(layer, x, t(Q_PAD)))
+    assert written <= keras_own, f"the call wrote {sorted(written - keras_own)} on the layer"
+    np.testing.assert_array_equal(np_(out._keras_mask), Q_PAD)
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUT_MASK_LAYERS))
+def test_compute_mask_alone_returns_the_explicit_mask_else_the_implicit_one(name):
+    make, _ = OUTPUT_MASK_LAYERS[name]
+    argument = {"TransformerEncoder": "padding_mask", "TransformerDecoder": "decoder_padding_mask"}
+    argument = argument.get(name, "query_mask")
+    layer = make()
+    x = t(np.zeros((2, 5, 8), "float32"))
+    implicit = t(np.array([[1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], bool))
+    assert layer.compute_mask(x) is None
+    # How Keras' `Layer.__call__` calls it: the first input and its implicit mask.
+    np.testing.assert_array_equal(np_(layer.compute_mask(x, implicit)), np_(implicit))
+    np.testing.assert_array_equal(np_(layer.compute_mask(x, **{argument: t(Q_PAD)})), Q_PAD)
+    explicit_wins = layer.compute_mask(x, implicit, **{argument: t(Q_PAD.astype("int32"))})
+    assert keras.backend.standardize_dtype(explicit_wins.dtype) == "bool"
+    np.testing.assert_array_equal(np_(explicit_wins), Q_PAD)
+
+
+def test_two_threads_calling_one_layer_each_get_their_own_output_mask():
+    barrier = threading.Barrier(2, timeout=60)
+
+    class Meeting(keras_attn.ScaledDotAttention):
+        def combine(self, output, weights):
+            barrier.wait()  # both calls are inside `call`, past their masks, at once
+            return output
+
+    layer, pool = Meeting(), keras_attn.AttentionPooling(4)
+    inputs = [
+        (rng.normal(size=(2, 5, 8)).astype("float32"), Q_PAD),
+        (rng.normal(size=(3, 4, 8)).astype("float32"), np.eye(3, 4, dtype=bool) | PAD[1, :4]),
+    ]
+    layer.build((None, None, 8), (None, None, 8))
+    pool.build((None, None, 8))
+    results, errors = [None, None], []
+
+    def run(i):
+        x, mask = t(inputs[i][0]), t(inputs[i][1])
+        try:
+            out = layer(x, x, query_mask=mask)
+            results[i] = (out, np_(pool(out)), np_(pool(out, mask=mask)))
+        except Exception as error:  # noqa: BLE001 (reported below, with the other thread's)
+            errors.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    for (_, mask), (out, pooled, expected) in zip(inputs, results, strict=True):
+        np.testing.assert_array_equal(np_(out._keras_mask), mask)
+        np.testing.assert_allclose(pooled, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUT_MASK_LAYERS))
+def test_in_a_functional_model_the_explicit_output_mask_reaches_the_pooling(name):
+    make, run = OUTPUT_MASK_LAYERS[name]
+    ids = np.array([[3, 4, 5, 6, 7], [3, 4, 5, 6, 0]], "int32")  # an implicit mask...
+    keep = np.array([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], bool)  # ...that the explicit one beats
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    layer, pool = make(), keras_attn.AttentionPooling(4)
+    tokens, mask = keras.Input((5,), dtype="int32"), keras.Input((5,), dtype="bool")
+    model = keras.Model([tokens, mask], pool(run(layer, embedding(tokens), mask)))
+    out = run(layer, embedding(t(ids)), t(keep))
+    np.testing.assert_allclose(
+        np_(model([t(ids), t(keep)])), np_(pool(out, mask=t(keep))), atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("block", [keras_attn.TransformerEncoder, keras_attn.TransformerDecoder])
+def test_in_a_functional_model_a_block_passes_the_implicit_mask_through(block):
+    ids = np.array([[3, 4, 5, 6, 7], [3, 4, 0, 0, 0]], "int32")
+    embedding = keras.layers.Embedding(10, 8, mask_zero=True)
+    layer, pool = block(16, 2), keras_attn.AttentionPooling(4)
+    tokens = keras.Input((5,), dtype="int32")
+    x = embedding(tokens)
+    model = keras.Model(
+        tokens, pool(layer(x, x) if block is keras_attn.TransformerDecoder else layer(x))
+    )
+    e = embedding(t(ids))
+    out = layer(e, e) if block is keras_attn.TransformerDecoder else layer(e)
+    np.testing.assert_allclose(np_(model(t(ids))), np_(pool(out, mask=t(ids != 0))), atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [
+    keras_attn.ScaledDotAttention, lambda: keras_attn.MultiHeadAttention(num_heads=2, key_dim=4),
+])  # fmt: skip
+def test_a_rank_2_query_has_its_mask_of_shape_batch_as_output_mask(make):
+    query, value = t(np.ones((3, 8), "float32")), t(np.ones((3, 4, 8), "float32"))
+    keep = np.array([True, False, True])
+    out = make()(query, value, query_mask=t(keep))
+    np.testing.assert_array_equal(np_(out._keras_mask), keep)
+    symbolic = make()(
+        keras.Input((8,)), keras.Input((4, 8)), query_mask=keras.Input((), dtype="bool")
+    )
+    assert tuple(symbolic._keras_mask.shape) == (None,)
