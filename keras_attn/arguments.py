@@ -44,6 +44,13 @@ def check_positive_number(name, value):
     return int(value) if is_int(value) else float(value)
 
 
+def check_finite_number(name, value):
+    """A finite number of any sign (Python or NumPy), as a Python number."""
+    if not _is_number(value) or not float("-inf") < value < float("inf"):
+        raise ValueError(f"`{name}` must be a finite number. Received: {name}={value!r}")
+    return int(value) if is_int(value) else float(value)
+
+
 def check_rank(name, shape, ranks):
     if len(shape) not in ranks:
         expected = " or ".join(str(r) for r in ranks)

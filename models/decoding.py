@@ -23,7 +23,7 @@ import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
-from keras_attn.arguments import is_int
+from keras_attn.arguments import check_finite_number, check_positive_int, is_int
 from keras_attn.models.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
 from keras_attn.models.rnn_seq2seq import RNNDecodingSteps
 from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tokens
@@ -121,21 +121,33 @@ def decoding_steps(model: keras.Model) -> Any:
     )
 
 
+def decoder_vocab_size(steps: Any, model: keras.Model) -> int | None:
+    """The number of token ids a decoder emits, where known: its steps' `vocab_size`, else
+    the last axis of the model's one output, the logits `(B, T, V)`; otherwise None."""
+    size = getattr(steps, "vocab_size", None)
+    outputs = getattr(model, "outputs", None) or []  # a functional model's
+    if size is None and len(outputs) == 1 and outputs[0].shape:
+        size = outputs[0].shape[-1]
+    return None if size is None else int(size)
+
+
 def check_lengths(
-    max_length: int, start_id: int | None, end_id: int | None
+    max_length: int, start_id: int | None, end_id: int | None, vocab_size: int | None = None
 ) -> tuple[int, int | None, int | None]:
     """The arguments as Python ints (NumPy ones taken), or `ValueError` naming the bad one.
 
-    `max_length` must be a positive integer, the token ids positive (or None).
+    `max_length` must be a positive integer, the token ids (or None) in `[1, vocab_size)`
+    (0 is padding; any positive id when `vocab_size` is None).
     """
-    if not is_int(max_length) or max_length <= 0:
-        raise ValueError(f"`max_length` must be a positive integer. Received: {max_length!r}")
+    max_length = check_positive_int("max_length", max_length)
+    below = f" below vocab_size={vocab_size}" if vocab_size is not None else ""
     for name, value in (("start_id", start_id), ("end_id", end_id)):
-        if value is not None and (not is_int(value) or value <= 0):
+        if value is not None and (not is_int(value) or not 0 < value < (vocab_size or np.inf)):
             raise ValueError(
-                f"`{name}` must be a positive token id (0 is padding). Received: {value!r}"
+                f"`{name}` must be a positive token id (0 is padding){below}. "
+                f"Received: {name}={value!r}"
             )
-    return int(max_length), *(None if v is None else int(v) for v in (start_id, end_id))
+    return max_length, *(None if v is None else int(v) for v in (start_id, end_id))
 
 
 def check_suppress_ids(
@@ -222,6 +234,11 @@ def greedy_decode(
         int32 `(B, max_length)` tokens (a tensor; runs eagerly or inside a
         `tf.function` or `jax.jit`).
 
+    Raises:
+        ValueError: a `max_length` that is not a positive integer, or a
+            `start_id` or `end_id` outside `[1, vocab_size)` (where the
+            decoder's vocabulary is known: see `decoder_vocab_size`).
+
     Example:
 
     >>> from keras_attn.models import transformer_seq2seq
@@ -229,9 +246,10 @@ def greedy_decode(
     >>> print(greedy_decode(model, np.ones((2, 7), "int32"), max_length=4, start_id=1).shape)
     (2, 4)
     """
-    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
     steps = steps or decoding_steps(model)
-    suppress_ids = check_suppress_ids(suppress_ids, getattr(steps, "vocab_size", None))
+    vocab_size = decoder_vocab_size(steps, model)
+    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id, vocab_size)
+    suppress_ids = check_suppress_ids(suppress_ids, vocab_size)
 
     def choose(logits, index):
         return greedy_tokens(logits)
@@ -292,10 +310,11 @@ def sample_decode(
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration",
         https://arxiv.org/abs/1904.09751 (top-p)
     """
-    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
-    temperature, top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
     steps = steps or decoding_steps(model)
-    suppress_ids = check_suppress_ids(suppress_ids, getattr(steps, "vocab_size", None))
+    vocab_size = decoder_vocab_size(steps, model)
+    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id, vocab_size)
+    temperature, top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
+    suppress_ids = check_suppress_ids(suppress_ids, vocab_size)
     batch = ops.shape(ops.convert_to_tensor(encoder_inputs))[0]
     uniform = keras.random.uniform((max_length, batch), seed=seed)  # one draw per step and row
 
@@ -374,12 +393,17 @@ def beam_search(
             model (it continues its prompt).
         end_id: the end-of-sequence token (required).
         beam_width: hypotheses kept per example.
-        length_penalty: the exponent `alpha`.
+        length_penalty: the exponent `alpha`, a finite number.
         suppress_ids: token ids never emitted (as in `greedy_decode`).
 
     Returns:
         `(tokens, scores)`: int32 NumPy `(B, max_length)` (0 after `end_id`)
         and the best hypothesis' normalized score `(B,)`.
+
+    Raises:
+        ValueError: as `greedy_decode`, a missing `end_id`, a `beam_width`
+            that is not a positive integer, or a `length_penalty` that is
+            not a finite number (NaN would rank every hypothesis alike).
 
     Example:
 
@@ -393,14 +417,14 @@ def beam_search(
         Wu et al., 2016, "Google's Neural Machine Translation System",
         https://arxiv.org/abs/1609.08144 (length penalty)
     """
-    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
+    steps = decoding_steps(model)
+    vocab_size = decoder_vocab_size(steps, model)
+    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id, vocab_size)
     if end_id is None:
         raise ValueError("`end_id` (the end-of-sequence token) is required by beam search.")
-    if not is_int(beam_width) or beam_width <= 0:
-        raise ValueError(f"`beam_width` must be a positive integer. Received: {beam_width!r}")
-    beam_width = int(beam_width)
-    steps = decoding_steps(model)
-    suppress_ids = check_suppress_ids(suppress_ids, getattr(steps, "vocab_size", None))
+    beam_width = check_positive_int("beam_width", beam_width)
+    length_penalty = check_finite_number("length_penalty", length_penalty)
+    suppress_ids = check_suppress_ids(suppress_ids, vocab_size)
     source = np.asarray(encoder_inputs, "int32")
     batch, width = source.shape[0], beam_width
     source = np.repeat(source, width, axis=0)  # (B*K, S)

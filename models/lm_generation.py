@@ -13,7 +13,27 @@ from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tok
 from keras_attn.models.transformer_lm import LanguageModelSteps, check_prompts
 
 SAMPLERS = ("greedy", "sample", "beam")
-_COMPILED = weakref.WeakKeyDictionary()  # model -> {settings: compiled function}
+_COMPILED = weakref.WeakKeyDictionary()  # model -> _CompiledLoops
+
+
+class _CompiledLoops(dict):
+    """A model's compiled loops, by settings, for the variables they were traced with.
+
+    A traced loop holds the model's variables and call path as they were (TensorFlow's
+    graph captures the variables it read): `enable_lora` adds variables and a LoRA term,
+    `quantize` replaces a kernel by an int8 one and its scale. Either changes the list of
+    variables (which `model.variables` holds in its order), so the loops of another list
+    are dropped and traced again; new values in the same variables need no new trace.
+    """
+
+    def __init__(self, variables):
+        super().__init__()
+        self.variables = variables  # held: a variable freed could give its id to a new one
+
+    def traced_with(self, variables):
+        return len(variables) == len(self.variables) and all(
+            a is b for a, b in zip(variables, self.variables, strict=True)
+        )
 
 
 def generate(
@@ -51,8 +71,10 @@ def generate(
     greedy and sampled loops run compiled with `jit_compile=True`: one
     `tf.function(jit_compile=True)` (XLA) on TensorFlow, one `jax.jit` on JAX
     (the weights passed as arguments, so later training is seen), traced
-    once per model, settings (`suppress_ids` included) and prompt shape; torch runs eagerly, as does
-    beam search (its ranking is NumPy).
+    once per model, settings (`suppress_ids` included) and prompt shape, and
+    again after a change of the model's variables (`enable_lora` on its layers,
+    `model.quantize`), so the loop always computes what the model computes
+    now; torch runs eagerly, as does beam search (its ranking is NumPy).
 
     Args:
         model: a model built by `transformer_lm`.
@@ -90,7 +112,6 @@ def generate(
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
-    max_length, _, end_id = decoding.check_lengths(max_length, None, end_id)
     if not LanguageModelSteps.matches(model):
         raise ValueError(
             "`model` must be built by keras_attn.models.transformer_lm. "
@@ -98,6 +119,7 @@ def generate(
         )
     prompts = np.asarray(ops.convert_to_numpy(prompts))
     steps = LanguageModelSteps(model)
+    max_length, _, end_id = decoding.check_lengths(max_length, None, end_id, steps.vocab_size)
     check_prompts(prompts, steps.vocab_size, max_length, steps.sequence_length)
     suppress_ids = decoding.check_suppress_ids(suppress_ids, steps.vocab_size)
     prompts = prompts.astype("int32")
@@ -108,11 +130,14 @@ def generate(
         )  # fmt: skip
         return tokens
     if sampler == "sample":
-        check_sampling(temperature, top_k, top_p, seed)
+        temperature, top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
         settings = (max_length, end_id, suppress_ids, temperature, top_k, top_p)
     else:
         settings = (max_length, end_id, suppress_ids)
     uniform = keras.random.uniform((max_length, prompts.shape[0]), seed=seed)  # (steps, B)
+    # The compiled loops live as long as the model (`_COMPILED`'s weak key): they must not
+    # hold it. A loop is traced (it calls `model_ref()`) only inside `generate(model, ...)`.
+    model_ref = weakref.ref(model)
 
     def loop(prompts, uniform):
         def choose(logits, index):
@@ -122,19 +147,23 @@ def generate(
             return sample_tokens(logits, row, temperature, top_k, top_p)
 
         return decoding._decode(
-            LanguageModelSteps(model), prompts, max_length, None, end_id, choose, suppress_ids
+            LanguageModelSteps(model_ref()), prompts, max_length, None, end_id, choose, suppress_ids
         )
 
     if not jit_compile or keras.backend.backend() == "torch":
         return ops.convert_to_numpy(loop(prompts, uniform))
-    functions = _COMPILED.setdefault(model, {})
+    variables = tuple(model.variables)
+    functions = _COMPILED.get(model)
+    if functions is None or not functions.traced_with(variables):
+        functions = _COMPILED[model] = _CompiledLoops(variables)
     if settings + (sampler,) not in functions:
-        functions[settings + (sampler,)] = _compile(model, loop)
+        functions[settings + (sampler,)] = _compile(variables, loop)
     return np.asarray(ops.convert_to_numpy(functions[settings + (sampler,)](prompts, uniform)))
 
 
-def _compile(model, loop):
-    """`loop(prompts, uniform)` under XLA: `tf.function(jit_compile=True)` or `jax.jit`."""
+def _compile(variables, loop):
+    """`loop(prompts, uniform)` under XLA: `tf.function(jit_compile=True)` or `jax.jit`
+    (`variables`, the model's, passed as arguments)."""
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -142,8 +171,8 @@ def _compile(model, loop):
     import jax
 
     def stateless(values, prompts, uniform):
-        with keras.StatelessScope(state_mapping=list(zip(model.variables, values, strict=True))):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
             return loop(prompts, uniform)
 
     jitted = jax.jit(stateless)
-    return lambda prompts, uniform: jitted([v.value for v in model.variables], prompts, uniform)
+    return lambda prompts, uniform: jitted([v.value for v in variables], prompts, uniform)

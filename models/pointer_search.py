@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from keras_attn._typing import TensorLike
-from keras_attn.arguments import is_int
+from keras_attn.arguments import check_positive_int
 from keras_attn.models.decoding import pointer_decode, polygon_decode, predict_batch
 
 
@@ -139,9 +139,7 @@ def polygon_beam_search(
         O. Vinyals, M. Fortunato, N. Jaitly, "Pointer Networks", NeurIPS 2015,
         https://arxiv.org/abs/1506.03134 (beam search over valid outputs)
     """
-    if not is_int(beam_width) or beam_width <= 0:
-        raise ValueError(f"`beam_width` must be a positive integer. Received: {beam_width!r}")
-    beam_width = int(beam_width)
+    beam_width = check_positive_int("beam_width", beam_width)
     points = np.asarray(points, "float32")
     if points.ndim != 3 or points.shape[-1] != 2:
         raise ValueError(f"`points` must have shape (B, N, 2). Received: {points.shape}")

@@ -13,10 +13,13 @@ import math
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import is_int
+
+_FLOAT32_MAX = float(np.finfo("float32").max)
 
 
 def greedy_tokens(logits: TensorLike) -> TensorLike:
@@ -74,6 +77,13 @@ def sample_tokens(
     `uniform`: the first candidate whose cumulative probability exceeds
     `uniform * total`. So `top_k=1`, or a temperature going to 0, is greedy.
 
+    The scaled logits are `(logits - max) / temperature`, at most 0, so a small
+    temperature cannot overflow them to `+inf` (NaN probabilities, and a draw of
+    padding): a logit far below the best one becomes `-inf` (probability 0). A
+    temperature whose inverse float32 cannot hold (below about 2.9e-39) draws the
+    argmax, as greedy decoding does. The arithmetic is float32 whatever the
+    logits' dtype (float16 or bfloat16 under mixed precision).
+
     Args:
         logits: float `(B, V)`; a ruled-out token has logit `-inf`.
         uniform: float `(B,)` draws from `U[0, 1)`, one per row.
@@ -93,13 +103,18 @@ def sample_tokens(
     >>> [int(sample_tokens(logits, np.array([u]), top_p=0.7)[0]) for u in (0.1, 0.6, 0.9)]
     [0, 0, 1]
     """
-    logits = ops.cast(logits, "float32") / temperature
+    logits = ops.cast(logits, "float32")
     vocab = logits.shape[-1]
     k = vocab if top_k is None else min(top_k, vocab)
+    if float(temperature) * _FLOAT32_MAX < 1:
+        k = 1  # greedy: 1 / temperature overflows float32, as would every scaled gap
     values, ids = ops.top_k(logits, k)  # (B, k), most likely first; ties: lowest id first
     if k == 1:
         return ops.cast(ids[:, 0], "int32")
-    probs = ops.softmax(values, axis=-1)
+    # (values - max) * (1 / temperature) <= 0: no +inf, whatever the temperature; an exact
+    # 0 at the max (the inverse is finite), so a softmax row is never all NaN.
+    scaled = (values - values[:, :1]) * (1.0 / float(temperature))  # (B, k)
+    probs = ops.softmax(scaled, axis=-1)
     if top_p is not None:
         before = ops.cumsum(probs, axis=-1) - probs  # mass of the more likely candidates
         probs = ops.where(before < top_p, probs, 0.0)

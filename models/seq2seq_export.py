@@ -8,7 +8,12 @@ backend; `greedy_decode` and the other decoders do not.
 import keras
 from keras import ops
 
-from keras_attn.models.decoding import check_lengths, decoding_steps, greedy_decode
+from keras_attn.models.decoding import (
+    check_lengths,
+    decoder_vocab_size,
+    decoding_steps,
+    greedy_decode,
+)
 from keras_attn.models.files import write_atomically
 
 
@@ -97,7 +102,6 @@ def seq2seq_archive(model, max_length, start_id, end_id=None):
         `(archive, decoder)`: `decoder(encoder_inputs)` is the greedy decoding function
         (a `tf.function` on TensorFlow), for more endpoints built on it.
     """
-    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id)
     backend = keras.backend.backend()
     if backend not in ("tensorflow", "jax"):
         raise ValueError(
@@ -105,6 +109,8 @@ def seq2seq_archive(model, max_length, start_id, end_id=None):
             f"Received: backend={backend!r}"
         )
     steps = decoding_steps(model)
+    vocab_size = decoder_vocab_size(steps, model)
+    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id, vocab_size)
     if not isinstance(model.input, dict):
         raise ValueError(
             "`model` must take a dict of named inputs (the zoo's `{'encoder_inputs', "

@@ -279,10 +279,43 @@ def test_decoding_argument_errors():
         greedy_decode(model, np.ones((1, 3), "int32"), 0, START)
     with pytest.raises(ValueError, match="`start_id` must be a positive token id"):
         greedy_decode(model, np.ones((1, 3), "int32"), 3, 0)
-    with pytest.raises(ValueError, match="`beam_width`"):
+    with pytest.raises(ValueError, match="`beam_width` must be .*Received: beam_width=0"):
         beam_search(model, np.ones((1, 3), "int32"), 3, START, END, beam_width=0)
     with pytest.raises(ValueError, match="No decoding steps"):
         greedy_decode(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), [[1]], 3, 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [({"length_penalty": float("nan")}, "`length_penalty` must be a finite number"),
+     ({"length_penalty": float("inf")}, "`length_penalty` must be a finite number"),
+     ({"length_penalty": "0.6"}, "`length_penalty` must be a finite number"),
+     ({"end_id": 12}, r"`end_id` must be a positive token id .*vocab_size=12"),
+     ({"end_id": 40}, r"`end_id` must be a positive token id .*vocab_size=12"),
+     ({"start_id": 12}, r"`start_id` must be a positive token id .*vocab_size=12")],
+)  # fmt: skip
+def test_beam_search_refuses_a_nan_length_penalty_and_ids_outside_the_vocabulary(kwargs, message):
+    """Each names the argument and the value (before: NaN scores ranked, or an end never met)."""
+    model = small_seq2seq()  # a target vocabulary of 12 ids
+    ((name, value),) = kwargs.items()
+    arguments = {"start_id": START, "end_id": END, **kwargs}
+    with pytest.raises(ValueError, match=rf"{message}.*Received: {name}={value!r}"):
+        beam_search(model, np.ones((1, 3), "int32"), 3, **arguments)
+    if name != "length_penalty":  # the ids: the same check in greedy decoding
+        with pytest.raises(ValueError, match=rf"{message}.*Received: {name}={value!r}"):
+            greedy_decode(model, np.ones((1, 3), "int32"), 3, **arguments)
+
+
+def test_language_model_generation_refuses_an_end_id_outside_the_vocabulary():
+    from keras_attn.models import generate, transformer_lm
+
+    model = transformer_lm(23, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16)
+    for sampler in ("greedy", "sample", "beam"):
+        with pytest.raises(ValueError, match=r"`end_id` .*vocab_size=23.*Received: end_id=23"):
+            generate(model, np.ones((1, 3), "int32"), 3, end_id=23, sampler=sampler)
+    with pytest.raises(ValueError, match="`length_penalty` .*Received: length_penalty=nan"):
+        generate(model, np.ones((1, 3), "int32"), 3, end_id=2, sampler="beam",
+                 length_penalty=float("nan"))  # fmt: skip
 
 
 def test_decoders_take_numpy_integers_as_python_ones():

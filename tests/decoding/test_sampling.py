@@ -88,6 +88,26 @@ def test_top_k_one_and_a_cold_temperature_are_greedy_per_step():
     np.testing.assert_array_equal(np_(sample_tokens(logits, uniform, temperature=1e-4)), greedy)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])  # float16: mixed precision's logits
+@pytest.mark.parametrize("temperature", [1e-30, 1e-37, 1e-39, 1e-45, 5e-324])
+def test_a_temperature_near_zero_is_greedy_and_never_draws_padding(temperature, dtype):
+    """Where `logits / temperature` overflows float32 (+-inf, then NaN probabilities), the
+    draw is still the argmax (the limit as the temperature goes to 0), never padding (-inf)."""
+    logits = np.concatenate(
+        [
+            LOGITS[[0, 2]],  # no ties (a tie is drawn from evenly in the limit)
+            [[-np.inf, -0.3, -0.1, -2.0, -0.5, -1.0]],  # all real logits negative
+            [[-np.inf, 50.0, 60.0, -3.0, 1.0, 0.0]],  # large ones
+            rng.normal(size=(20, 6)) * [0.0, 1, 1, 1, 1, 1] + [-np.inf, 0, 0, 0, 0, 0],
+        ]
+    ).astype(dtype)
+    uniform = rng.uniform(size=len(logits))
+    expected = np.argmax(logits.astype("float64"), -1)
+    for options in ({}, {"top_k": 3}, {"top_p": 0.9}):
+        drawn = np_(sample_tokens(logits, uniform, temperature, **options))
+        np.testing.assert_array_equal(drawn, expected, err_msg=str(options))
+
+
 def small_transformer():
     keras.utils.set_random_seed(3)
     return transformer_seq2seq(12, 12, num_layers=1, num_heads=2, d_model=16, intermediate_dim=32)
@@ -100,7 +120,10 @@ def test_sample_decode_is_reproducible_and_reduces_to_greedy():
     first = np_(sample_decode(model, source, 6, START, END, seed=5))
     np.testing.assert_array_equal(np_(sample_decode(model, source, 6, START, END, seed=5)), first)
     assert not np.array_equal(np_(sample_decode(model, source, 6, START, END, seed=6)), first)
-    for kwargs in ({"top_k": 1}, {"temperature": 1e-4}, {"top_k": 1, "top_p": 0.3, "seed": 2}):
+    for kwargs in (
+        {"top_k": 1}, {"temperature": 1e-4}, {"temperature": 1e-40},
+        {"top_k": 1, "top_p": 0.3, "seed": 2},
+    ):  # fmt: skip
         sampled = np_(sample_decode(model, source, 6, START, END, **kwargs))
         np.testing.assert_array_equal(sampled, greedy, err_msg=str(kwargs))
     # End handling as in greedy decoding: padding only after the first end token, never before.
@@ -129,10 +152,12 @@ def test_sample_decode_runs_in_a_tf_function_with_the_same_draws():
      ({"temperature": float("nan")}, "temperature"), ({"temperature": "1"}, "temperature"),
      ({"top_k": 0}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"top_k": True}, "top_k"),
      ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_p": "0.9"}, "top_p"),
+     ({"top_p": float("nan")}, "top_p"), ({"temperature": float("inf")}, "temperature"),
+     ({"end_id": 12}, "end_id"), ({"end_id": -1}, "end_id"), ({"start_id": 40}, "start_id"),
      ({"seed": 1.5}, "seed"), ({"seed": "a"}, "seed")],
 )  # fmt: skip
 def test_bad_sampling_arguments_name_the_argument(kwargs, name):
     model = small_transformer()
     ((key, value),) = kwargs.items()
     with pytest.raises(ValueError, match=rf"`{name}` must be .*Received: {name}={value!r}"):
-        sample_decode(model, np.ones((1, 3), "int32"), 3, START, **kwargs)
+        sample_decode(model, np.ones((1, 3), "int32"), 3, **{"start_id": START, **kwargs})

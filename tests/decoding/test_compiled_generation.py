@@ -1,0 +1,94 @@
+"""`generate`'s compiled loop (`tf.function(jit_compile=True)`, `jax.jit`) decodes the model
+as it is now: after LoRA or quantization (new variables, another call path) as after new
+weights, the tokens of the uncached full pass; and the loop is compiled once per model state.
+"""
+
+import gc
+import weakref
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.models import generate, transformer_lm
+from keras_attn.models.lm_generation import _COMPILED
+
+pytestmark = pytest.mark.xla  # TensorFlow and JAX: torch runs `generate` eagerly
+
+VOCAB, LENGTH, NEW = 23, 10, 4
+PROMPTS = np.array([[5, 6, 7, 8], [10, 3, 0, 0], [4, 0, 0, 0]], "int32")  # right-padded
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def tiny_lm():
+    keras.utils.set_random_seed(0)
+    return transformer_lm(
+        VOCAB, num_layers=1, num_heads=2, d_model=16, intermediate_dim=32, sequence_length=16
+    )
+
+
+def full_pass_greedy(model, prompts, new):
+    """Greedy tokens by the uncached full pass on each row's real tokens so far (padding
+    never generated); the batch right-padded to one length (one shape: one JAX compile)."""
+    rows = [[int(t) for t in prompt if t] for prompt in prompts]
+    for _ in range(new):
+        batch = np.array([row + [0] * (LENGTH - len(row)) for row in rows], "int32")
+        logits = np_(model(batch))[np.arange(len(rows)), [len(row) - 1 for row in rows]]
+        logits[:, 0] = -np.inf
+        rows = [row + [int(t)] for row, t in zip(rows, logits.argmax(-1), strict=True)]
+    return np.array([row[-new:] for row in rows], "int32")
+
+
+def projections(model):
+    """The model's Dense and EinsumDense sublayers (attention projections, feed-forward)."""
+    kinds = (keras.layers.Dense, keras.layers.EinsumDense)
+    return [layer for layer in model._flatten_layers() if isinstance(layer, kinds)]
+
+
+def enable_lora(model, rank=2):
+    rng = np.random.default_rng(1)
+    for layer in projections(model):
+        layer.enable_lora(rank)
+        b = layer.lora_kernel_b  # zeros by default: LoRA would change nothing yet
+        b.assign(rng.normal(scale=2.0, size=b.shape).astype("float32"))
+
+
+def quantize_and_rescale(model):
+    """`quantize("int8")`, then every quantized kernel's scale moved, so that the tokens
+    of the quantized model differ from the float model's."""
+    model.quantize("int8")
+    rng = np.random.default_rng(2)
+    for layer in projections(model):
+        scale = layer.kernel_scale
+        scale.assign(np_(scale) * rng.uniform(0.2, 5.0, size=scale.shape).astype("float32"))
+
+
+@pytest.mark.filterwarnings("ignore:Layer .* does not have a `quantize` method")
+@pytest.mark.parametrize("change", [enable_lora, quantize_and_rescale], ids=["lora", "int8"])
+def test_compiled_generation_follows_lora_and_quantization(change):
+    model = tiny_lm()
+    before = generate(model, PROMPTS, NEW)  # compiled and cached for the float model
+    np.testing.assert_array_equal(before, full_pass_greedy(model, PROMPTS, NEW))
+    change(model)
+    expected = full_pass_greedy(model, PROMPTS, NEW)
+    assert not np.array_equal(expected, before)  # the change changes the tokens
+    np.testing.assert_array_equal(generate(model, PROMPTS, NEW, jit_compile=False), expected)
+    np.testing.assert_array_equal(generate(model, PROMPTS, NEW), expected)
+    # One compiled loop per setting for the model as it is now (the float one let go),
+    # reused by the next call.
+    (loop,) = _COMPILED[model].values()
+    np.testing.assert_array_equal(generate(model, PROMPTS, NEW), expected)
+    assert list(_COMPILED[model].values()) == [loop]
+
+
+def test_compiled_loops_let_the_model_go():
+    """The cache is weak in the model: its loops must not hold it (they did, in a closure)."""
+    model = tiny_lm()
+    generate(model, PROMPTS, 2)
+    model_ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert model_ref() is None
