@@ -13,6 +13,7 @@ if ROOT not in sys.path:  # `benchmarks/` is not an installed package
     sys.path.insert(0, ROOT)
 
 import keras  # noqa: E402
+import pytest  # noqa: E402
 
 from benchmarks import cases, eager, run, timing  # noqa: E402
 
@@ -145,7 +146,7 @@ def test_eager_smoke_prints_every_row_with_positive_finite_ratios(tmp_path, caps
 
 def test_xla_memory_reads_the_buffers_a_program_allocates():
     """`benchmarks.generation.xla_memory`: XLA's temp buffers, against hand-counted sizes."""
-    import jax
+    jax = pytest.importorskip("jax")  # the `jax` extra; the README's `.[test]` venv has none
     import jax.numpy as jnp
 
     from benchmarks import generation
