@@ -28,14 +28,17 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._execution import is_eager
+from keras_attn._execution import has_values
 from keras_attn._typing import Length, TensorLike
 
 # Fill of masked scores. Softmax runs in float32 and this is the most negative
-# finite float32: exp(FILL - max) underflows to exactly 0 for any visible
-# score, a row of fills is a finite uniform row (zeroed afterwards), and a
-# running maximum of -1e20 (the chunked kernel) still gives exp(FILL - m) = 0.
+# finite float32: a row of fills is a finite uniform row (zeroed afterwards).
 FILL = float(np.finfo(np.float32).min)
+# The lowest visible score: the float32 next to FILL, 2^104 (2e31) above it, so that
+# exp(FILL - s) is exactly 0 for every score s >= LOWEST. A bias is raised to it
+# (`keras_attn.kernels.bias`): float32's lowest (an additive mask) and -inf would
+# otherwise tie with, or fall below, the fill of the masked scores.
+LOWEST = float(np.nextafter(np.float32(FILL), np.float32(0)))
 
 
 def fill_masked(scores: TensorLike, mask: TensorLike | None) -> TensorLike:
@@ -257,12 +260,11 @@ def _is_float(dtype) -> bool:
 
 
 def _known_values(mask: TensorLike) -> np.ndarray | None:
-    """The values of `mask` when they exist now (an array, an eager tensor); `None` when traced."""
+    """The values of `mask` when it holds them (an array, an eager tensor, a JAX constant
+    inside `jax.jit`); `None` when traced."""
     if isinstance(mask, np.ndarray):
         return mask
-    if isinstance(mask, keras.KerasTensor) or getattr(mask, "is_meta", False):
-        return None  # symbolic (torch's symbolic calls run on meta tensors)
-    return ops.convert_to_numpy(mask) if is_eager(mask) else None
+    return ops.convert_to_numpy(mask) if has_values(mask) else None
 
 
 def float_mask_as_bool(mask: TensorLike, name: str = "mask") -> TensorLike:

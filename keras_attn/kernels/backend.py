@@ -22,10 +22,17 @@ it there). Around the call it keeps what every kernel guarantees:
 - a bias (tensors and position biases, `keras_attn.kernels.bias`) is
   evaluated whole and passed as Keras' `bias=`; on torch (whose SDPA takes a
   mask or a bias) with the mask folded into it; its gradient is the backend's;
-- float16 inputs with a bias are computed in float32 (Keras would cast the
-  bias to float16, where `7e4` is inf), and on torch, where Keras adds the
-  mask to the logits (a large negative) rather than replacing them, with a
-  mask too, so a masked logit that overflowed float16 cannot win.
+- the bias is added in float32, as on every kernel: float16 and bfloat16
+  inputs with a bias are computed in float32 (Keras' op and SDPA take the
+  bias in the inputs' dtype: in float16 `7e4` is inf, in bfloat16 `300.7` is
+  300), and float16 on torch, where Keras adds the mask to the logits (a
+  large negative) rather than replacing them, with a mask too, so a masked
+  logit that overflowed float16 cannot win;
+- next to a mask, a bias is raised to half the masked logits' fill (-1.2e38
+  in float32): a visible logit stays above every masked one, also where the
+  bias holds float32's lowest (an additive mask); what it changes is the
+  order of biases below -1.2e38, which give a weight of 0 next to any other;
+- a mask or bias of rank 1 (`(Tv,)`) is given the query axis `(1, Tv)`.
 
 Keras' layout is `(B, T, N, H)`, ours `(..., T, d)`: the kernel transposes
 `(B, N, T, H)` in and out (rank 3 gains a heads axis of 1, more leading axes
@@ -213,6 +220,15 @@ def _is_float16(x):
     return keras.backend.standardize_dtype(x.dtype) == "float16"
 
 
+def _is_low_precision(x):
+    return keras.backend.standardize_dtype(x.dtype) in ("float16", "bfloat16")
+
+
+def _with_query_axis(x):
+    """A mask or bias broadcastable to the scores, with a query axis: `(Tv,)` -> `(1, Tv)`."""
+    return x if x is None or len(x.shape) >= 2 else ops.reshape(x, (1, -1))
+
+
 def _large_negative(dtype):
     """A fill for masked logits that stays finite when added to once more (Keras' choice)."""
     return -0.7 * float(np.finfo(keras.backend.standardize_dtype(dtype)).max)
@@ -287,7 +303,7 @@ def backend_attention(query, key, value, spec):
     positions = masks.position_mask(
         query_length, value_length, is_causal and not native, window, query_start
     )
-    mask = masks.merge_masks(spec.mask, positions)  # what goes to Keras as `mask`
+    mask = _with_query_axis(masks.merge_masks(spec.mask, positions))  # Keras' `mask`
     value, key, flag = finite.zero_nonfinite(value, key)
     # Every position mask, Keras' causal one included: which rows see a key. Built only
     # where read: to zero the rows that see nothing (Keras' causal mask alone: row i sees
@@ -301,14 +317,19 @@ def backend_attention(query, key, value, spec):
         key, value = (ops.where(some_query, x, ops.zeros_like(x)) for x in (key, value))
     rank = len(query.shape)
     q, k, v = query, key, value
-    if (bias is not None or (on_torch and mask is not None)) and _is_float16(query):
-        # Keras casts a bias to the inputs' dtype (a float32 bias of 7e4 is inf in float16),
-        # and its torch op adds the mask to the logits (a large negative, -45852 in float16:
-        # a masked logit that overflowed float16 would still win). In float32, neither.
+    if (bias is not None and _is_low_precision(query)) or (
+        on_torch and mask is not None and _is_float16(query)
+    ):
+        # Keras and SDPA cast a bias to the inputs' dtype (a float32 bias of 7e4 is inf in
+        # float16, 300.7 is 300 in bfloat16), and the torch op adds the mask to the logits (a
+        # large negative, -45852 in float16: a masked logit that overflowed float16 would
+        # still win). In float32, neither.
         q, k, v = (ops.cast(x, "float32") for x in (q, k, v))
-    full_bias = spec.whole_bias(query, query_length, value_length)
-    if full_bias is not None:
-        if mask is not None and on_torch:  # one of mask and bias (SDPA's rule): the mask folded in
+    full_bias = _with_query_axis(spec.whole_bias(query, query_length, value_length))
+    if full_bias is not None and mask is not None:
+        # Visible logits above the masked ones' fill, whatever the bias (float32's lowest).
+        full_bias = ops.maximum(full_bias, 0.5 * _large_negative("float32"))
+        if on_torch:  # one of mask and bias (SDPA's rule): the mask folded in
             full_bias = ops.where(mask, full_bias, _large_negative(q.dtype))
             mask = None
     scale = default_scale(query, spec.scale)

@@ -19,11 +19,17 @@ cached step passes its cache index). Key positions are `0 .. Tv - 1`.
 
 A bias is not a mask: a masked position gets zero weight whatever its bias
 holds (it is replaced with the mask, as the scores are), but a large negative
-bias at a visible position only lowers its weight.
+bias at a visible position only lowers its weight. Every kernel takes the bias
+raised to `keras_attn.masks.LOWEST`, the float32 next to the masked scores'
+fill: float32's lowest or -inf (an additive mask) at a visible key stays above
+the fill, so a row whose every visible key has such a bias gets its softmax
+(uniform over them), as any other row, and its masked keys zero weight.
 """
 
 import keras
 from keras import ops
+
+from keras_attn import masks
 
 
 class AttentionBias:
@@ -132,7 +138,7 @@ class AttentionBias:
         total = terms[0]
         for term in terms[1:]:
             total = total + term
-        return total
+        return ops.maximum(total, masks.LOWEST)  # above the masked scores' fill (NaN stays)
 
     def block_gradients(self, d_scores, query_positions, key_positions):
         """The position biases' parameter gradients from one block's `dS` `(..., Tq, Bk)`."""

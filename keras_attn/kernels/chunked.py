@@ -9,12 +9,12 @@ running row maximum `m`, row sum `l` and weighted sum `acc` are updated
     m' = max(m, max_j s_j)
     l' = l * exp(m - m') + sum_j exp(s_j - m')
     acc' = acc * exp(m - m') + sum_j exp(s_j - m') v_j
-    output = acc / l,    lse = m + log(l)   (kept for the backward pass)
+    output = acc / l     (m and 1 / l kept for the backward pass)
 
 The gradient is custom: the backward pass visits the key blocks again,
-recomputes `p = exp(s - lse)` and forms `dV_j = p^T dO`,
+recomputes `p = exp(s - m) / l` and forms `dV_j = p^T dO`,
 `dS = p * (dO V_j^T - rowsum(dO * O))`, `dQ += dS K_j`, `dK_j = dS^T Q`. Only
-`q, k, v`, the output and `lse` are saved, so memory is `O(B h Tq (d + Bk))`
+`q, k, v`, the output, `m` and `1 / l` are saved, so memory is `O(B h Tq (d + Bk))`
 instead of `O(B h Tq Tv)`.
 
 Masking happens per block, with the mask functions of `keras_attn.masks`: a
@@ -22,9 +22,12 @@ boolean mask broadcastable to `(..., Tq, Tv)` is sliced along its key axis (a
 key-padding mask `(..., 1, Tv)` stays `O(Tv)`; a full mask is only as large as
 the caller made it), the causal mask is `causal_mask(..., key_start=)` of the
 block's positions, and the masked scores of a block are replaced
-(`fill_masked`) before its maximum and exp. A row with no visible key gives a
-zero output and zero gradients, never NaN. A NaN or inf key or value at a
-masked position changes nothing (`keras_attn.kernels.finite`).
+(`fill_masked`) before its maximum and exp. The running maximum starts at
+the lowest visible score: a row whose scores are all far below any threshold
+(a bias of -3e25, or float32's lowest) gets its softmax. Which rows see a key
+is read from the masks, block by block: a row with no visible key gives a
+zero output and zero gradients, never NaN. A NaN or inf key or value
+at a masked position changes nothing (`keras_attn.kernels.finite`).
 """
 
 import dataclasses
@@ -41,10 +44,11 @@ from keras_attn.kernels._gradient import custom_gradient
 from keras_attn.kernels._shapes import check_qkv, default_scale, dims, swap_last
 from keras_attn.kernels.registry import Kernel
 
-# Start of the running maximum: far below any real score, far above the fill of
-# masked scores (`keras_attn.masks.FILL`), so exp(FILL - m) is exactly 0. A row
-# that has seen only masked keys keeps m = _M_INIT and l = 0.
-_M_INIT = -1e20
+# Start of the running maximum: the lowest visible score (`keras_attn.masks.LOWEST`,
+# a bias is raised to it), 2^104 above the fill of masked scores, so exp(FILL - m)
+# is exactly 0 from the first block, and the largest visible score of a row, however
+# negative, gives p = 1. Which rows see a key is read from the masks, not from m or l.
+_M_INIT = masks.LOWEST
 # Default number of float32 elements in one (..., Tq, Bk) tile: 64 MiB.
 TILE_ELEMENTS = 2**24
 
@@ -135,8 +139,9 @@ def chunked_attention(query, key, value, spec, block_size=None):
     query_length, value_length = dims(query)[-2], dims(key)[-2]
     static_length = key.shape[-2] if isinstance(key.shape[-2], int) else None
     query_start = value_length - query_length if spec.query_start is None else spec.query_start
-    if static_length == 0:  # no key: every row is zero (and no block to trace)
-        return ops.zeros((*dims(query)[:-1], value.shape[-1]), value.dtype), None
+    no_rows = any(isinstance(d, int) and d == 0 for d in query.shape[:-1])
+    if static_length == 0 or no_rows:  # no key (every row is zero) or no row: no block to trace
+        return _zero_output(query, key, value), None
     # Non-finite keys and values zeroed and flagged: a NaN at a masked position
     # then reaches no block's sum (keras_attn.kernels.finite).
     value, key, flag = finite.zero_nonfinite(value, key)  # flag: (..., Tv, 1)
@@ -179,6 +184,13 @@ def chunked_attention(query, key, value, spec, block_size=None):
     return _attend(q, key, value, flag, blocks), None
 
 
+def _zero_output(query, key, value):
+    """Zeros `(..., Tq, dv)` computed from the inputs, so that their gradients are zeros (not
+    missing): sums over an empty axis, `(q[..., :0] k[..., :0]^T) v`."""
+    empty = ops.matmul(query[..., :0], swap_last(key[..., :0]))  # (..., Tq, Tv)
+    return ops.matmul(ops.cast(empty, value.dtype), value)
+
+
 # The fields of `_Blocks` that may be tensors: arguments of the custom gradient.
 _CONSTANTS = ("mask", "query_start", "query_length", "value_length", "num_blocks")
 
@@ -208,6 +220,11 @@ class _Blocks:
 
     # The bias's query positions, computed once from the traced constants (`with_constants`).
     query_positions: Any = None
+
+    @property
+    def masked(self):
+        """Whether a block has masked keys (`visible(j)` is not `None`)."""
+        return self.mask is not None or self.is_causal or self.window is not None or self.tail
 
     @property
     def constants(self):
@@ -245,8 +262,9 @@ class _Blocks:
             self.query_positions, keys, first, self.block, self.num_heads, _slice_axis
         )
 
-    def scores(self, j, q, k, bias, score_parameters):
-        """The float32 `(..., Tq, Bk)` scores of block `j`, biased, the masked ones replaced."""
+    def scores(self, j, q, k, bias, score_parameters, visible):
+        """The float32 `(..., Tq, Bk)` scores of block `j`, biased, the masked ones replaced
+        (`visible`: `visible(j)`)."""
         k_block = _slice_axis(k, -2, j * self.block, self.block)
         if self.score is None:
             scores = ops.matmul(q, swap_last(k_block))
@@ -255,7 +273,7 @@ class _Blocks:
         block_bias = self.bias_of(j, bias)
         if block_bias is not None:
             scores = ops.cast(scores, "float32") + block_bias
-        return masks.fill_masked(scores, self.visible(j))
+        return masks.fill_masked(scores, visible)
 
     def score_gradients(self, j, d_scores, q, k, score_parameters):
         """`(dQ, dK_j, d_parameters)` of block `j`'s scores, from their gradient `dS`."""
@@ -304,10 +322,10 @@ def _attend(q, k, v, flag, blocks):
         bias_end = 3 + len(bias_inputs)
         bias = None if blocks.bias is None else blocks.bias.with_inputs(stopped[3:bias_end])
         params = tuple(stopped[bias_end:])
-        out, lse, seen = _forward(q, k, v, flag, traced, bias, params)  # out: float32
+        out, stats, seen = _forward(q, k, v, flag, traced, bias, params)  # out: float32
 
         def grad(d_out):
-            return _backward(q, k, v, out, lse, d_out, traced, bias, params)
+            return _backward(q, k, v, out, stats, d_out, traced, bias, params)
 
         # NaN on the rows that see a non-finite key or value (forward only).
         seen_out = ops.where(seen > 0, float("nan"), out)
@@ -332,33 +350,45 @@ def _forward(q, k, v, flag, blocks, bias, params):
     v32 = ops.cast(v, "float32")
 
     def step(j, carry):
-        m, l, acc, seen = carry  # noqa: E741
-        s = blocks.scores(j, q, k, bias, params)
+        m, l, acc, seen, *any_key = carry  # noqa: E741
+        visible = blocks.visible(j)
+        s = blocks.scores(j, q, k, bias, params, visible)
         m_new = ops.maximum(m, ops.max(s, axis=-1, keepdims=True))
         p = ops.exp(s - m_new)
         alpha = ops.exp(m - m_new)
         pv = ops.matmul(p, _slice_axis(v32, -2, j * block, block))  # (..., Tq, dv)
         p_flag = ops.matmul(p, _slice_axis(flag, -2, j * block, block))  # (..., Tq, 1)
+        if any_key:
+            any_key = [ops.logical_or(any_key[0], ops.any(visible, axis=-1, keepdims=True))]
         return (
             m_new,
             l * alpha + ops.sum(p, axis=-1, keepdims=True),
             acc * alpha + pv,
             seen * alpha + p_flag,
+            *any_key,
         )
 
-    m, l, acc, seen = _fori_loop(blocks.num_blocks, step, (m, l, acc, seen))  # noqa: E741
-    any_key = l > 0
-    safe_l = ops.where(any_key, l, 1.0)
+    init = (m, l, acc, seen)
+    if blocks.masked:  # whether each row sees a key, from the masks: (..., Tq, 1) bool
+        init += (ops.zeros(rows + [1], "bool"),)
+    m, l, acc, seen, *any_key = _fori_loop(blocks.num_blocks, step, init)  # noqa: E741
+    # l >= 1 on a row that sees a key (its largest score's p is 1), unless every
+    # visible score is -inf (a float16 overflow): that row gives zeros.
+    safe_l = ops.where(l > 0, l, 1.0)
     # Kept in float32 for the backward pass: rowsum(dO * O) from an output
     # rounded to bfloat16 would not cancel against rowsum(P * dP).
     out = acc / safe_l
-    # A row that saw nothing gets lse = 0: every recomputed p = exp(FILL - 0) = 0.
-    lse = ops.where(any_key, m + ops.log(safe_l), 0.0)
-    return out, lse, seen
+    # m and 1 / l, not lse = m + log(l): at m = -3e25 the float32 sum drops log(l).
+    inverse_l = 1.0 / safe_l
+    if any_key:  # a row that saw nothing: zeros, and m = 1 / l = 0 (every recomputed p is 0)
+        any_key = any_key[0]
+        out, m, inverse_l, seen = (ops.where(any_key, x, 0.0) for x in (out, m, inverse_l, seen))
+    return out, (m, inverse_l), seen
 
 
-def _backward(q, k, v, out, lse, d_out, blocks, bias, params):
+def _backward(q, k, v, out, stats, d_out, blocks, bias, params):
     block = blocks.block
+    m, inverse_l = stats  # (..., Tq, 1) each
     # rowsum(dO * O) equals rowsum(P * dP): an O(Tq dv) pass instead of O(Tq Tv).
     d_out32 = ops.cast(d_out, "float32")
     delta = ops.sum(d_out32 * out, axis=-1, keepdims=True)  # (..., Tq, 1)
@@ -377,7 +407,7 @@ def _backward(q, k, v, out, lse, d_out, blocks, bias, params):
     def step(j, carry):
         dq, dk, dv, d_bias_carry, d_params = carry
         seen = blocks.visible(j)
-        p = ops.exp(blocks.scores(j, q, k, bias, params) - lse)  # 0 where masked
+        p = ops.exp(blocks.scores(j, q, k, bias, params, seen) - m) * inverse_l  # 0 if masked
         dv_j = ops.matmul(swap_last(ops.cast(p, v.dtype)), d_out)
         dp = ops.matmul(d_out32, swap_last(_slice_axis(v32, -2, j * block, block)))
         ds = p * (dp - delta)

@@ -14,6 +14,7 @@ from kernel_calls import run
 
 import keras_attn
 from keras_attn import kernels
+from layer_checks import value_and_grads
 from numpy_reference import attend, scaled_dot_scores
 
 rng = np.random.default_rng(7)
@@ -112,3 +113,70 @@ def test_chunked_training_step_under_an_eager_tape_keeps_linear_memory():
         increase[mode] = json.loads(run.stdout.strip().splitlines()[-1])["peak_increase"]
     # Before the fix: ~1.4 GiB eager against ~0.1 GiB in a graph.
     assert increase["eager"] < 256 * 2**20, increase
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("name", ["dense", "fused", "chunked", "backend"])
+def test_rows_whose_biased_scores_are_all_very_negative_get_their_softmax(name, masked):
+    """A bias far below -1e20 on every key of a row: -3e25, or float32's lowest (an additive
+    mask). The chunked kernel's running maximum started at -1e20 and gave such a row zeros;
+    with masked keys in the row too, the dense kernel counted them in the softmax's sum, the
+    fused and backend kernels gave them the weight. A row counts as seeing nothing by its mask
+    only: with every key of example 1 masked (`masked`), its rows are zeros."""
+    lowest = float(np.finfo(np.float32).min)
+    q = rng.normal(size=(3, 2, 5, 8)).astype("float32")
+    k = rng.normal(size=(3, 2, 6, 8)).astype("float32")
+    v = rng.normal(size=(3, 2, 6, 4)).astype("float32")
+    bias = rng.normal(size=(1, 1, 5, 6)).astype("float32")
+    bias[..., 1, :] = -3e25  # uniform over the visible keys (q . k is below its rounding)
+    bias[..., 2, :] = lowest
+    bias[..., 3, :] = -3e25
+    bias[..., 3, 2] = -3e25 + 1e21  # far above the others: weight 1 (a visible key in a row)
+    bias[..., 4, :4] = lowest  # the row's only keys above it are masked in example 0
+    mask = np.ones((3, 1, 1, 6), bool)
+    given_k, given_v = k.copy(), v.copy()
+    if masked:
+        mask[0, ..., 4:] = False
+        mask[1] = False  # example 1 sees nothing
+        given_k[~np.broadcast_to(mask[..., 0, :, None], k.shape)] = np.nan
+        given_v[~np.broadcast_to(mask[..., 0, :, None], v.shape)] = np.inf
+    expected, _ = attend(scaled_dot_scores(q, k) + bias.astype("float64"), v, mask)
+    spec_mask = t(mask) if masked else None
+    fields = dict(bias=kernels.AttentionBias(t(bias)), block_size=4 if name == "chunked" else None)
+
+    def call(q, k, v):
+        return run(kernels.KERNELS[name], q, k, v, spec_mask, **fields)[0]
+
+    cotangent = rng.normal(size=expected.shape).astype("float32")
+    out, grads = value_and_grads(call, [t(q), t(given_k), t(given_v)], (), cotangent)
+    np.testing.assert_allclose(np_(out), expected, atol=1e-5)
+    assert all(np.isfinite(np_(g)).all() for g in grads), name
+    if masked:
+        assert np.all(np_(out)[1] == 0) and all(np.all(np_(g)[1] == 0) for g in grads)
+    else:  # the gradients of the softmax over these rows (lse and all): the dense kernel's
+
+        def dense(q, k, v):
+            return run(kernels.KERNELS["dense"], q, k, v, None, bias=fields["bias"])[0]
+
+        _, ref_grads = value_and_grads(dense, [t(q), t(k), t(v)], (), cotangent)
+        for what, g, g_ref in zip("qkv", grads, ref_grads, strict=True):
+            np.testing.assert_allclose(np_(g), np_(g_ref), atol=1e-5, err_msg=f"d{what}")
+
+
+@pytest.mark.parametrize("name", ["dense", "fused", "chunked", "backend"])
+@pytest.mark.parametrize("lead,tq", [((0, 2), 5), ((2, 2), 0)])
+def test_an_empty_batch_or_no_query_gives_an_empty_output(name, lead, tq):
+    """B = 0 or Tq = 0: the chunked kernel's eager max over an empty tile raised."""
+    q = t(rng.normal(size=(*lead, tq, 8)).astype("float32"))
+    k = t(rng.normal(size=(*lead, 6, 8)).astype("float32"))
+    v = t(rng.normal(size=(*lead, 6, 4)).astype("float32"))
+    block_size = 4 if name == "chunked" else None
+    for is_causal, mask in [(False, None), (True, np.ones((1, 1, 1, 6), bool))]:
+
+        def call(q, k, v, mask=mask, is_causal=is_causal):
+            return run(kernels.KERNELS[name], q, k, v, mask, is_causal, block_size=block_size)[0]
+
+        out, grads = value_and_grads(call, [q, k, v])
+        assert tuple(out.shape) == (*lead, tq, 4)
+        for g, x in zip(grads, (q, k, v), strict=True):
+            np.testing.assert_array_equal(np_(g), np.zeros(x.shape))

@@ -199,3 +199,29 @@ def test_jit_compile_gives_same_result():
     out_jit, _ = fn(Q, K, V)
     out, _ = ops.attention(Q, K, V, is_causal=True)
     np.testing.assert_allclose(np_(out_jit), np_(out), atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["dense", "fused", "chunked", "backend"])
+def test_jax_jit_over_numpy_inputs_with_a_traced_mask_or_bias(implementation):
+    """NumPy query, key and value inside `jax.jit`: the non-finite guard looked at their
+    values (concrete) with ops that `jax.jit` traces, and raised TracerBoolConversionError."""
+    jax = pytest.importorskip("jax")
+    if keras.backend.backend() != "jax":
+        pytest.skip("jax.jit traces only the JAX backend's ops")
+    mask = rng.random((2, 3, 5)) > 0.3
+    bias = rng.normal(size=(2, 3, 5)).astype("float32")
+
+    def attention(**kwargs):
+        return ops.attention(Q, K, V, implementation=implementation, return_weights=False,
+                             **kwargs)[0]  # fmt: skip
+
+    calls = [
+        (lambda m: attention(mask=m), (mask,), dict(mask=mask)),
+        (lambda b: attention(bias=b), (bias,), dict(bias=bias)),
+        (lambda m, b: attention(mask=m, bias=b), (mask, bias), dict(mask=mask, bias=bias)),
+        (lambda: attention(mask=mask, bias=bias), (), dict(mask=mask, bias=bias)),
+    ]
+    for fn, args, kwargs in calls:
+        expected, _ = attend(scaled_dot_scores(Q, K) + kwargs.get("bias", 0.0), V, kwargs["mask"]
+                             if "mask" in kwargs else None)  # fmt: skip
+        np.testing.assert_allclose(np_(jax.jit(fn)(*args)), expected, atol=1e-5)
