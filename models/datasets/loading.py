@@ -3,7 +3,6 @@
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from keras_attn.models.datasets.builders import _SyntheticBuilder
 from keras_attn.models.datasets.bundled import LocalBuilder
 
 PAD_VALUE = -1.0  # pads float inputs: outside [0, 1), so `keras.layers.Masking(PAD_VALUE)` works
@@ -82,7 +81,7 @@ def load(name, split="train", data_dir=None, *, batch_size=None, shuffle_files=F
     """
     builder = tfds.builder(name, data_dir=data_dir)
     if not builder.is_prepared():
-        if not isinstance(builder, (_SyntheticBuilder, LocalBuilder)):
+        if not isinstance(builder, LocalBuilder):  # ours: synthetic, or read from packages
             raise FileNotFoundError(
                 f"{name!r} is not prepared in {builder.data_dir!r} and keras-attn never "
                 "downloads. With network access, run once: "

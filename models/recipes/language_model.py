@@ -8,7 +8,8 @@ training texts (the `VOCABULARY` most frequent words; the others are `[UNK]`).
 
 Two models train on the same batches, in the same order, with the same optimizer and
 schedule and the same number of epochs: the Transformer (`transformer_lm`) and an LSTM
-language model with about as many weights (`lstm_lm`). Both are scored by their
+language model with about as many weights (`lstm_lm`; `Settings.baseline=False`,
+`--no-baseline`, trains the Transformer alone). Both are scored by their
 perplexity on the test split, `exp` of the mean cross-entropy over the real tokens of
 every test sequence (the words and the end token; padding left out).
 """
@@ -30,6 +31,7 @@ from keras_attn.models.recipes.common import (
     adam_warmup_cosine,
     dataset_size,
     load_supervised,
+    progress_verbosity,
     take,
     text_vectorizer,
 )
@@ -143,9 +145,11 @@ def language_model_task(task_name, default_dataset):
             len(vocabulary), sequence_length=SEQUENCE_LENGTH, dropout=DROPOUT, **TRANSFORMER
         )
         d_model = TRANSFORMER["d_model"]
-        units = lstm_units(transformer.count_params(), len(vocabulary), d_model)
-        keras.utils.set_random_seed(settings.seed)
-        baseline = lstm_lm(len(vocabulary), d_model, units, dropout=DROPOUT)
+        trained = {"transformer": transformer}
+        if settings.baseline is not False:  # the task's default: the LSTM too
+            units = lstm_units(transformer.count_params(), len(vocabulary), d_model)
+            keras.utils.set_random_seed(settings.seed)
+            trained["lstm"] = lstm_lm(len(vocabulary), d_model, units, dropout=DROPOUT)
         text_model = text.TextLanguageModel(
             transformer, text.string_lookup(vocabulary), MAX_LENGTH, PROMPT_LENGTH, START, END
         )
@@ -171,7 +175,7 @@ def language_model_task(task_name, default_dataset):
         train_batches = train_batches.apply(tf.data.experimental.assert_cardinality(count))
         steps = epochs * count
         seconds = {}
-        for label, model in (("transformer", transformer), ("lstm", baseline)):
+        for label, model in trained.items():
             model.compile(
                 optimizer=adam_warmup_cosine(steps, LEARNING_RATE, WARMUP_STEPS, clipnorm=1.0),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
@@ -183,30 +187,38 @@ def language_model_task(task_name, default_dataset):
             model.fit(
                 train_batches, epochs=epochs, shuffle=False,
                 callbacks=settings.callbacks() if model is transformer else [],
+                verbose=progress_verbosity(),
             )  # fmt: skip
             seconds[label] = (time.perf_counter() - start, time.process_time() - cpu)
 
-        test_perplexity, test_tokens = perplexity(transformer, batches(test_ids))
-        baseline_perplexity, _ = perplexity(baseline, batches(test_ids))
+        scores = {label: perplexity(model, batches(test_ids)) for label, model in trained.items()}
+        test_perplexity, test_tokens = scores["transformer"]
         samples = _samples(text_model)
         metrics = {
             "perplexity": test_perplexity,
-            "baseline_perplexity": baseline_perplexity,
             "parameters": transformer.count_params(),
-            "baseline_parameters": baseline.count_params(),
-            "baseline": f"lstm_lm: 2 LSTM layers of {units} units, d_model {d_model}",
             "epochs": epochs,
             # Wall-clock and CPU seconds of each `fit` (CPU: all of this process' threads).
             "train_seconds": round(seconds["transformer"][0], 1),
-            "baseline_train_seconds": round(seconds["lstm"][0], 1),
             "train_cpu_seconds": round(seconds["transformer"][1], 1),
-            "baseline_train_cpu_seconds": round(seconds["lstm"][1], 1),
-            "baseline_loss": baseline.history.history.get("loss", []),
             "test_tokens": test_tokens,
             "vocabulary_size": len(vocabulary),
             "samples": samples,
         }
-        print(f"test perplexity: transformer {test_perplexity:.2f}, lstm {baseline_perplexity:.2f}")
+        if "lstm" in trained:
+            baseline = trained["lstm"]
+            metrics.update(
+                baseline_perplexity=scores["lstm"][0],
+                baseline_parameters=baseline.count_params(),
+                baseline=f"lstm_lm: 2 LSTM layers of {units} units, d_model {d_model}",
+                baseline_train_seconds=round(seconds["lstm"][0], 1),
+                baseline_train_cpu_seconds=round(seconds["lstm"][1], 1),
+                baseline_loss=baseline.history.history.get("loss", []),
+            )
+        print(
+            "test perplexity: "
+            + ", ".join(f"{label} {score:.2f}" for label, (score, _) in scores.items())
+        )
         for sample in samples:
             seed = "greedy" if sample["seed"] is None else f"seed {sample['seed']}"
             print(f"  {sample['prompt']!r} ({seed}): {sample['text']}")
@@ -226,8 +238,11 @@ def language_model_task(task_name, default_dataset):
         return Result(name, transformer, metrics, text_model.export_text, plot, text_model)
 
     run.__name__ = task_name
-    run.options = set()  # no `Settings` field that only some kinds of task read
-    run.defaults = f"{EPOCHS} epochs over every training text, and the LSTM baseline"
+    run.options = {"baseline"}  # the `Settings` fields only this kind of task reads
+    run.text = True  # a text model: `keras-attn predict` takes it
+    run.defaults = (
+        f"{EPOCHS} epochs over every training text, and the LSTM baseline (--no-baseline: none)"
+    )
     return run
 
 

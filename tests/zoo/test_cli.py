@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -166,6 +167,8 @@ BAD_FLAGS = [
     ("transformer-reverse", ["--dataset", "keras_attn_seq2seq/reverse-9"], "--dataset",
      "'keras_attn_seq2seq/reverse-9'"),
     ("transformer-reverse", ["--strategy", "multi-worker"], "--strategy", "'multi-worker'"),
+    ("transformer-reverse", ["--no-baseline"], "--baseline", "False"),
+    ("pointer-sort", ["--baseline"], "--baseline", "True"),
 ]  # fmt: skip
 
 
@@ -198,6 +201,8 @@ def test_a_bad_flag_stops_at_once_with_one_line(task, flags, flag, value, no_tra
         ("pointer-sort", ["--n", "5-20", "--eval-n", "50,100"]),
         ("pointer-hull", ["--dataset", "keras_attn_convex_hull/n5-50", "--eval-n", "100"]),
         ("imdb-han", ["--pooling", "mean", "--dataset", "imdb_reviews"]),
+        ("transformer-lm", ["--no-baseline"]),
+        ("transformer-lm", ["--baseline", "--epochs", "1"]),
     ],
 )
 def test_good_flags_go_through_to_training(task, flags, no_training, capsys):
@@ -206,12 +211,38 @@ def test_good_flags_go_through_to_training(task, flags, no_training, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_options_come_anywhere_and_reach_the_settings(monkeypatch, capsys):
+    """As argparse users expect: the options of a command before, between or after its
+    positional arguments (`train`; `predict`: tests/zoo/test_models_text.py)."""
+    seen = []
+
+    def train(task, settings=None):
+        seen.append((task, settings.epochs, settings.baseline))
+        raise KeyboardInterrupt  # stops the command before any work
+
+    monkeypatch.setattr(recipes, "train", train)
+    for argv in (
+        ["train", "--epochs", "2", "transformer-lm", "--no-baseline"],
+        ["train", "--no-baseline", "transformer-lm", "--epochs", "2"],
+    ):
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(argv)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["train", "transformer-lm"])
+    assert seen == [("transformer-lm", 2, False)] * 2 + [("transformer-lm", None, None)]
+    assert run(capsys, "list", "--help")[0] == 0
+    status, _, err = run(capsys, "predict")
+    assert status == 2 and "required: task (see" in err, err  # the texts may come from stdin
+
+
 def test_settings_refuse_what_the_command_line_refuses():
     for field, value in (("epochs", 0), ("train_examples", -5), ("batch_size", 0),
                          ("test_examples", 0), ("seed", -1), ("epochs", 2.5)):  # fmt: skip
         with pytest.raises(ValueError, match=f"`{field}` must be .*Received: {field}="):
             recipes.Settings(**{field: value})
     assert recipes.Settings(epochs=None, train_examples=None).epochs is None
+    with pytest.raises(ValueError, match="`baseline` must be None, True or False. Received: 'no'"):
+        recipes.Settings(baseline="no")
 
 
 def test_help_says_where_the_outputs_go_and_the_defaults(capsys):
@@ -262,6 +293,28 @@ def test_a_default_run_shows_progress_metrics_and_outputs_only(tmp_path):
     # The quick in-process run of the same command (CI leaves it out: `slow_covered`).
     check_outputs(out, tmp_path / "out", "pointer-sort", "keras_attn_sorting/tiny",
                   "sequence_accuracy")  # fmt: skip
+
+
+def test_progress_is_one_line_per_epoch_unless_stdout_is_a_terminal(monkeypatch, capsys):
+    """A bar that redraws itself on a terminal; in a log file (stdout redirected) one line per
+    epoch, as Keras' `verbose=2`: a redrawn bar there is a line per update."""
+    from keras_attn.models.recipes import common
+
+    class Terminal(__import__("io").StringIO):
+        def isatty(self):
+            return True
+
+    assert common.progress_verbosity() == 2  # pytest captures stdout: not a terminal
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert common.progress_verbosity() == 1
+    monkeypatch.undo()
+    progress = common.EpochProgress(steps=6, epochs=2, chunk=6)  # the pointer recipes' bar
+    progress.on_epoch_begin(0)
+    for step in range(6):
+        time.sleep(0.06)  # longer than the bar's redraw interval (0.05 s)
+        progress.on_train_batch_end(step, {"loss": 1.0 / (step + 1)})
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["Epoch", "3/3", "Epoch", "3/3"], lines
 
 
 # The input pipeline warns of no discarded cache: checked on the main job itself, with

@@ -184,11 +184,13 @@ def test_generation_is_deterministic(data_dir, tmp_path):
         ), "each split has its own seed"
 
 
-def test_load_prepares_and_pads(tmp_path):
+def test_load_prepares_and_pads(tmp_path, capsys):
     ds = keras_attn.models.datasets.load(
         "keras_attn_convex_hull/tiny", "train", str(tmp_path), batch_size=32
     )
     assert tfds.builder("keras_attn_convex_hull/tiny", data_dir=tmp_path).is_prepared()
+    # Generated here, nothing downloaded: none of tfds' "Downloading and preparing" lines.
+    assert "prepar" not in capsys.readouterr().out
     for points, hull in tfds.as_numpy(ds):
         pad = (points == loading.PAD_VALUE).all(axis=-1)  # (B, T) padded positions
         assert (points[~pad] >= 0).all()

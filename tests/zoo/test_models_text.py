@@ -6,6 +6,7 @@ of the token model's logits (classifiers). The SavedModels are loaded in a proce
 `keras` and `keras_attn` cannot be imported: TensorFlow alone.
 """
 
+import json
 import os
 import sys
 import zipfile
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.tensorflow_only
 
 SOURCE = ["", "[UNK]"] + list("abcdefgh")
 TARGET = ["", "[UNK]", "<s>", "</s>"] + list("abcdefgh")
-TEXTS = ["a b c", "h g", "", "   ", "a zz b", "a b c d e f g h a b"]  # blank, OOV, too long
+# blank, OOV, too long; Unicode spaces (no-break, ideographic, line separator) separate words
+TEXTS = ["a b c", "h g", "", "   ", "a zz b", "a b c d e f g h a b", "a\u00a0b\u3000c\u2028d"]
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,26 @@ def test_bad_text_inputs(seq2seq_model):
         seq2seq_model.predict_text([["a b"]])
 
 
+@pytest.mark.parametrize(
+    "empty", [[], (), np.array([]), np.array([], str), tf.constant([], tf.string)]
+)
+def test_an_empty_batch_gives_an_empty_result(seq2seq_model, empty):
+    assert seq2seq_model.predict_text(empty) == []
+    assert np.asarray(seq2seq_model.source_ids(empty)).shape[0] == 0
+
+
+def test_text_must_be_strings_item_by_item(seq2seq_model, classifier_model):
+    """NumPy would read `["a", 3]` as the words "a" and "3": each item is checked instead."""
+    for model in (seq2seq_model, classifier_model):
+        with pytest.raises(
+            TypeError, match=r"`text` must be strings. Received: text\[1\]=3 \(int\)"
+        ):
+            model.predict_text(["a", 3])
+        with pytest.raises(TypeError, match=r"text\[0\]=None \(NoneType\)"):
+            model.predict_text((None, "a"))
+        assert model.predict_text([b"a b"]) == model.predict_text(["a b"])  # bytes are text
+
+
 def test_seq2seq_keras_file_holds_the_vocabularies(seq2seq_model, tmp_path):
     path = tmp_path / "m.keras"
     seq2seq_model.save(path)
@@ -89,6 +111,14 @@ def test_seq2seq_keras_file_holds_the_vocabularies(seq2seq_model, tmp_path):
     reloaded = keras.saving.load_model(path, safe_mode=True)
     assert isinstance(reloaded, text.TextSeq2Seq)
     assert reloaded.predict_text(TEXTS) == seq2seq_model.predict_text(TEXTS)
+    # Keras' `predict` takes the token model's inputs; text gets a pointer to `predict_text`.
+    for texts in (["a b"], np.array(["a b"]), tf.constant(["a b"])):
+        with pytest.raises(TypeError, match="`predict` takes token ids.*`predict_text\\(texts\\)`"):
+            reloaded.predict(texts)
+    ids = {"encoder_inputs": np.array([[2, 3]]), "decoder_inputs": np.array([[2]])}
+    np.testing.assert_allclose(
+        reloaded.predict(ids, verbose=0), seq2seq_model.seq2seq(ids), atol=1e-5
+    )
 
 
 def test_seq2seq_savedmodel_takes_text_with_tensorflow_alone(seq2seq_model, tmp_path):
@@ -98,6 +128,8 @@ def test_seq2seq_savedmodel_takes_text_with_tensorflow_alone(seq2seq_model, tmp_
     served = tensorflow_alone(path, TEXTS)
     assert served == {"text": seq2seq_model.predict_text(TEXTS)}
     loaded = tf.saved_model.load(str(path))  # the token signatures stay
+    empty = loaded.signatures["serving_default"](text=tf.constant([], tf.string))["text"]
+    assert empty.shape == (0,)
     source = np.asarray(seq2seq_model.source_ids(TEXTS[:2]))
     np.testing.assert_array_equal(
         loaded.greedy_decode(tf.constant(source, tf.int64)),
@@ -106,7 +138,7 @@ def test_seq2seq_savedmodel_takes_text_with_tensorflow_alone(seq2seq_model, tmp_
 
 
 REVIEWS = [
-    "A fine film. I liked it!<br />Great acting",
+    "A fine film.\u00a0I liked it!<br />Great\u2003acting",  # a no-break space, an em space
     "Terrible. Boring plot? Yes",
     "",
     "unseenword " * 40,
@@ -169,6 +201,10 @@ def test_classifier_keras_file_and_savedmodel(classifier_model, tmp_path):
     served = tensorflow_alone(tmp_path / "savedmodel", REVIEWS)
     assert served["label"] == labels
     np.testing.assert_allclose(served["probabilities"], probabilities, atol=1e-5)
+    loaded = tf.saved_model.load(str(tmp_path / "savedmodel"))
+    empty = loaded.signatures["serving_default"](text=tf.constant([], tf.string))
+    assert empty["label"].shape == (0,) and empty["probabilities"].shape == (0, 2)
+    assert reloaded.predict_text([]) == [] and reloaded.classify([])[1].shape == (0, 2)
 
 
 def test_predict_command_and_load_run(seq2seq_model, tmp_path, capsys, monkeypatch):
@@ -178,11 +214,82 @@ def test_predict_command_and_load_run(seq2seq_model, tmp_path, capsys, monkeypat
     runs = ["--runs-dir", str(tmp_path)]
     assert cli.main(["predict", "transformer-reverse", *TEXTS[:2], *runs]) == 0
     assert capsys.readouterr().out.split("\n") == [*expected, ""]
+    # Options anywhere: before the task, between the task and the texts, after the texts.
+    for argv in (
+        ["predict", *runs, "transformer-reverse", *TEXTS[:2]],
+        ["predict", "transformer-reverse", *runs, *TEXTS[:2]],
+        ["predict", "transformer-reverse", TEXTS[0], *runs, TEXTS[1]],
+    ):
+        assert cli.main(argv) == 0, argv
+        assert capsys.readouterr().out.split("\n") == [*expected, ""], argv
     monkeypatch.setattr(sys, "stdin", __import__("io").StringIO("a b c\nh g\n"))
     assert cli.main(["predict", "transformer-reverse", *runs]) == 0
     assert capsys.readouterr().out.split("\n") == [*expected, ""]
     assert cli.main(["predict", "imdb-han", *runs]) == 1
-    assert "No run of 'imdb-han'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "No run of 'imdb-han'" in err and "keras-attn train imdb-han" in err
+    # An unknown task: the tasks that `predict` takes, no advice to train it.
+    assert cli.main(["predict", "no-such-task", *runs]) == 1
+    err = capsys.readouterr().err
+    assert "'no-such-task' is no task of keras-attn" in err and "train no-such-task" not in err
+    assert "transformer-reverse, rnn-attention-reverse" in err and "pointer-sort" not in err
+    assert cli.main(["predict", "pointer-sort", *runs]) == 1  # a task, but not a text task
+    err = capsys.readouterr().err
+    assert "'pointer-sort' is no text task" in err and "train pointer-sort" not in err
     models.transformer_classifier(10, 4, 2, num_layers=1, d_model=8).save(tmp_path / "x.keras")
     assert cli.main(["predict", "x", *runs]) == 1
     assert "holds no text model" in capsys.readouterr().err
+
+
+def test_predict_warns_of_inputs_outside_the_training_data(seq2seq_model, tmp_path, capsys):
+    """One warning per kind and run, on stderr, counting the inputs: shorter or longer than
+    the training sources (a model that stores their lengths), or with words outside the
+    vocabulary. The outputs are unchanged."""
+    trained = text.TextSeq2Seq(
+        seq2seq_model.seq2seq, seq2seq_model.source_lookup, seq2seq_model.target_lookup,
+        6, 7, trained_lengths=(3, 5),
+    )  # fmt: skip
+    assert trained.get_config()["trained_lengths"] == [3, 5]
+    trained.save(tmp_path / "transformer-reverse.keras")
+    texts = ["a b", "h g", "a b c d", "a zz b", "", "a b c d e f g h a b", "x y"]
+    expected = seq2seq_model.predict_text(texts)
+    assert trained.predict_text(texts) == expected
+    assert trained.outside_training(texts) == [
+        "3 of 7 inputs are shorter than the sources it was trained on (3-5 words)",
+        "1 of 7 inputs is longer than the sources it was trained on (3-5 words)",
+        "2 of 7 inputs have words outside its vocabulary (each read as [UNK])",
+    ]
+    assert trained.outside_training(["a b c", "h g f e d", ""]) == []  # blank: no words
+    status = cli.main(["predict", "transformer-reverse", *texts, "--runs-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert status == 0 and out.split("\n") == [*expected, ""]
+    lines = err.splitlines()
+    assert len(lines) == 3 and all(
+        line.startswith("keras-attn predict: warning: ") for line in lines
+    )
+    assert "3 of 7 inputs are shorter than the sources it was trained on (3-5 words)" in lines[0]
+    # A model without stored lengths (one written before they were stored, its config without
+    # the key): it loads, and warns of unknown words only.
+    assert seq2seq_model.get_config()["trained_lengths"] is None
+    older = tmp_path / "older.keras"
+    with zipfile.ZipFile(tmp_path / "transformer-reverse.keras") as saved:
+        with zipfile.ZipFile(older, "w") as written:
+            for item in saved.infolist():
+                data = saved.read(item)
+                if item.filename == "config.json":
+                    config = json.loads(data)
+                    del config["config"]["trained_lengths"]
+                    data = json.dumps(config)
+                written.writestr(item, data)
+    older = keras.saving.load_model(older, safe_mode=True)
+    assert older.trained_lengths is None and older.predict_text(texts) == expected
+    assert older.outside_training(texts) == trained.outside_training(texts)[2:]
+    with pytest.raises(ValueError, match=r"`trained_lengths` must be None or .*\(5, 3\)"):
+        text.TextSeq2Seq(
+            trained.seq2seq,
+            trained.source_lookup,
+            trained.target_lookup,
+            6,
+            7,
+            trained_lengths=(5, 3),
+        )

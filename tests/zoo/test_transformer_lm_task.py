@@ -12,6 +12,7 @@ import io
 import json
 import os
 import sys
+import unicodedata
 import zipfile
 
 import keras
@@ -27,8 +28,12 @@ from tensorflow_alone import tensorflow_alone
 
 pytestmark = pytest.mark.tensorflow_only
 
-WORDS = ["", "[UNK]", "<s>", "</s>", "the", "movie", "is", "a", "good", "bad", ".", "!", "it's"]
-PROMPTS = ["the movie is", "It's GOOD!", "", "zz the bad movie is a good movie is a bad one"]
+WORDS = ["", "[UNK]", "<s>", "</s>", "the", "movie", "is", "a", "good", "bad", ".", "!", "it's",
+         "café", "crème"]  # fmt: skip
+PROMPTS = [
+    "the movie is", "It's GOOD!", "", "zz the bad movie is a good movie is a bad one",
+    "Un CAFÉ\u00a0crème,\u2003bon.",  # letters beyond ASCII, Unicode spaces
+]  # fmt: skip
 MAX_LENGTH, PROMPT_LENGTH = 6, 8
 
 
@@ -43,14 +48,33 @@ def text_model():
     return text.TextLanguageModel(model, text.string_lookup(WORDS), MAX_LENGTH, PROMPT_LENGTH)
 
 
+def reference_words(text):
+    """Lowercased; a character neither a letter, a digit, a combining mark, `'` or `-` nor a
+    space (Python's `str.split`) is a word of its own (Unicode's categories)."""
+    marked = (
+        c if c.isspace() or unicodedata.category(c)[0] in "LNM" or c in "'-" else f" {c} "
+        for c in text.lower()
+    )
+    return "".join(marked).split()
+
+
 def reference_ids(texts):
     """`<s>` and the last 8 words, lowercased, punctuation apart, looked up in a dict."""
     index = {word: i for i, word in enumerate(WORDS)}
-    rows = []
-    for t in texts:
-        words = t.lower().replace("!", " ! ").replace(".", " . ").split()[-PROMPT_LENGTH:]
-        rows.append([2] + [index.get(w, 1) for w in words])
-    return rows
+    return [[2] + [index.get(w, 1) for w in reference_words(t)[-PROMPT_LENGTH:]] for t in texts]
+
+
+def test_words_are_unicode_words():
+    texts = [
+        "Café\u00a0CRÈME, naïve?",
+        "e\u0301t\u00e9 x\u3000y\u2028z\u0085w\tv",
+        "l'été 2-3 ½ 東京!",
+    ]
+    split = tf.strings.split(text.split_punctuation(tf.constant(texts)))
+    assert [[w.decode() for w in row] for row in split.to_list()] == [
+        reference_words(t) for t in texts
+    ]
+    assert reference_words(texts[0]) == ["café", "crème", ",", "naïve", "?"]
 
 
 def reference_continue(model, texts, suppress=(1,)):
@@ -74,10 +98,11 @@ def reference_continue(model, texts, suppress=(1,)):
 def test_prompts_are_tokenized_as_the_reference(text_model):
     ids = np.asarray(text_model.prompt_ids(PROMPTS))
     expected = reference_ids(PROMPTS)
-    assert ids.shape == (4, PROMPT_LENGTH + 1)  # right-padded; the longest: <s> + its last 8
+    assert ids.shape == (5, PROMPT_LENGTH + 1)  # right-padded; the longest: <s> + its last 8
     for row, reference in zip(ids, expected, strict=True):
         assert row[row != 0].tolist() == reference and row[len(reference) :].sum() == 0
     assert expected[2] == [2]  # an empty prompt: the start token alone
+    assert expected[4] == [2, 1, 13, 14, 1, 1, 10]  # un café crème , bon .
     sequences = np.asarray(text_model.sequence_ids(["It's GOOD!"]))
     assert sequences.tolist() == [[2, 12, 8, 11, 3]]  # training sequences end with </s>
 
@@ -111,12 +136,30 @@ def test_sampling_is_seeded(text_model):
     first = text_model.predict_text(PROMPTS, sampler="sample", top_k=5, seed=7)
     assert text_model.predict_text(PROMPTS, sampler="sample", top_k=5, seed=7) == first
     tokens = text_model.continue_ids(PROMPTS, sampler="sample", top_k=5, seed=7)
-    assert tokens.shape == (4, MAX_LENGTH) and tokens.dtype == np.int32
+    assert tokens.shape == (5, MAX_LENGTH) and tokens.dtype == np.int32
+
+
+def test_no_prompts_no_continuations(text_model):
+    for empty in ([], np.array([], str), tf.constant([], tf.string)):
+        assert text_model.predict_text(empty) == []
+        assert text_model.predict_text(empty, sampler="sample", seed=1) == []
+        assert text_model.continue_ids(empty).shape == (0, MAX_LENGTH)
+        assert text_model.outside_training(empty) == []
+
+
+def test_predict_names_predict_text_and_warns_of_unknown_words(text_model):
+    with pytest.raises(TypeError, match="`predict` takes token ids.*`predict_text\\(texts\\)`"):
+        text_model.predict(["the movie is"])
+    assert text_model.outside_training(PROMPTS) == [
+        "2 of 5 inputs have words outside its vocabulary (each read as [UNK])"
+    ]  # no lengths: any prompt length is fine
 
 
 def test_bad_arguments(text_model):
     with pytest.raises(TypeError, match="`text` must be strings"):
         text_model.predict_text(np.array([1, 2]))
+    with pytest.raises(TypeError, match=r"`text` must be strings. Received: text\[1\]=3 \(int\)"):
+        text_model.predict_text(["the movie", 3])
     with pytest.raises(TypeError, match="`text` must be a batch of strings"):
         text_model.predict_text("the movie")
     lookup = text.string_lookup(WORDS)
@@ -157,6 +200,8 @@ def test_keras_file_savedmodel_and_predict_command(text_model, tmp_path, capsys,
     )
     logits = loaded.serve(tf.constant(prompts))
     np.testing.assert_allclose(logits, text_model.language_model(prompts), atol=1e-5)
+    empty = loaded.signatures["serving_default"](text=tf.constant([], tf.string))["text"]
+    assert empty.shape == (0,)  # no prompts, no continuations
 
     runs = ["--runs-dir", str(tmp_path)]
     assert cli.main(["predict", "transformer-lm", *PROMPTS[:2], *runs]) == 0
@@ -189,24 +234,43 @@ def test_perplexity_counts_real_tokens_only():
 
 
 @pytest.mark.slow  # trains end to end (CI time: issue 17)
-def test_train_predict_and_serve_end_to_end(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("baseline", [True, False])
+def test_train_predict_and_serve_end_to_end(baseline, tmp_path, capsys, monkeypatch):
     """A tiny run of the recipe through the command line: the real snippets, a tiny model."""
     monkeypatch.setattr(language_model, "TRANSFORMER", dict(num_layers=1, num_heads=2,
                         d_model=16, intermediate_dim=32))  # fmt: skip
     monkeypatch.setattr(language_model, "SAMPLE_SEEDS", (5,))
     monkeypatch.setattr(language_model, "MAX_LENGTH", 8)
+    verbosity = []  # what the recipe asks of Keras' progress: stdout here is no terminal
+    for method in ("fit", "evaluate", "predict"):
+        original = getattr(keras.Model, method)
+
+        def spy(self, *args, _original=original, **kwargs):
+            verbosity.append(kwargs.get("verbose", "auto"))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(keras.Model, method, spy)
     out = tmp_path / "out"
     status = cli.main([
         "train", "transformer-lm", "--data-dir", str(tmp_path / "tfds"), "--epochs", "1",
         "--train-examples", "256", "--test-examples", "32", "--output", str(out),
+        *([] if baseline else ["--no-baseline"]),
     ])  # fmt: skip
     assert status == 0
     printed = capsys.readouterr().out
     assert "trained transformer-lm on keras_attn_rt_polarity" in printed
+    assert "Downloading and preparing" not in printed  # generated here, nothing downloaded
+    assert verbosity == [2] * (2 if baseline else 1)  # one line per epoch, no redrawn bar
     metrics = json.loads((out / "transformer-lm_metrics.json").read_text())
-    assert metrics["perplexity"] > 1 and metrics["baseline_perplexity"] > 1
-    ratio = metrics["baseline_parameters"] / metrics["parameters"]
-    assert abs(ratio - 1) < 0.01 and metrics["epochs"] == 1 and metrics["test_tokens"] > 32
+    assert metrics["perplexity"] > 1 and metrics["epochs"] == 1 and metrics["test_tokens"] > 32
+    if baseline:
+        assert metrics["baseline_perplexity"] > 1
+        ratio = metrics["baseline_parameters"] / metrics["parameters"]
+        assert abs(ratio - 1) < 0.01
+        assert "lstm" in printed
+    else:  # the LSTM neither trained nor reported
+        assert not [key for key in metrics if key.startswith("baseline")], metrics
+        assert "lstm" not in printed
     assert [(s["prompt"], s["seed"]) for s in metrics["samples"]] == [
         (p, seed) for seed in (None, 5) for p in language_model.PROMPTS
     ]

@@ -202,19 +202,26 @@ def test_translate_command_exports_a_translator_and_writes_bleu(catalogs, tmp_pa
 
     text_model = keras.saving.load_model(out / "ted-translate.keras", safe_mode=True)
     assert "attention" not in {layer.name for layer in text_model.seq2seq.layers}
-    train = datasets.load(name, "train", data_dir).as_numpy_iterator()
+    train = list(datasets.load(name, "train", data_dir).as_numpy_iterator())
     longest = max(len(english.split()) for _, english in train)
     assert text_model.max_length == longest + 1  # the training targets' words and the end
+    sources = [len(pt.decode().split()) for pt, _ in train]  # what `predict` compares with
+    assert (
+        text_model.trained_lengths
+        == (min(sources), max(sources))
+        == (text_model.trained_lengths[0], text_model.source_length)
+    )
 
     served = tf.saved_model.load(str(out / "ted-translate_savedmodel"))
     english = served.signatures["serving_default"](text=tf.constant(["Salvar", "Página 3"]))
     assert english["text"].dtype == tf.string and english["text"].shape == (2,)
 
 
-def test_longest_counts_the_most_words_of_a_string_across_batches():
+def test_lengths_count_the_fewest_and_most_words_of_a_string_across_batches():
     rng = np.random.default_rng(0)
-    counts = rng.integers(0, 12, 5000)  # more strings than one batch of the count (4096)
-    counts[4500] = 17  # the longest, in the second batch
-    texts = [" ".join(["w"] * int(n)) for n in counts] + ["", "  a   b  "]
-    assert seq2seq._longest(tf.data.Dataset.from_tensor_slices(texts)) == 17
-    assert seq2seq._longest(tf.data.Dataset.from_tensor_slices(["", " "])) == 1  # at least 1
+    counts = rng.integers(2, 12, 5000)  # more strings than one batch of the count (4096)
+    counts[4500], counts[4700] = 17, 1  # the longest and the shortest, in the second batch
+    texts = [" ".join(["w"] * int(n)) for n in counts] + ["", "  a   b  ", "a\u00a0b\u3000c"]
+    assert seq2seq._lengths(tf.data.Dataset.from_tensor_slices(texts)) == (1, 17)  # blank: none
+    assert seq2seq._lengths(tf.data.Dataset.from_tensor_slices(["a\u00a0b", "c d e"])) == (2, 3)
+    assert seq2seq._lengths(tf.data.Dataset.from_tensor_slices(["", " "])) == (1, 1)
