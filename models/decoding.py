@@ -427,6 +427,8 @@ def beam_search(
     suppress_ids = check_suppress_ids(suppress_ids, vocab_size)
     source = np.asarray(encoder_inputs, "int32")
     batch, width = source.shape[0], beam_width
+    if batch == 0:  # no examples: no hypotheses to rank
+        return np.zeros((0, max_length), "int32"), np.zeros((0,))
     source = np.repeat(source, width, axis=0)  # (B*K, S)
     tokens = ops.convert_to_numpy(first_tokens(steps, source, start_id))
     state = steps.start(source, max_length)  # (B*K, ...)

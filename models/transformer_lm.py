@@ -194,6 +194,8 @@ def check_prompts(prompts, vocab_size: int, max_length: int, sequence_length: in
         raise ValueError(f"`prompts` must be int tokens (batch, length). Received: {values.shape}")
     if not np.issubdtype(values.dtype, np.integer):
         raise TypeError(f"`prompts` must hold integer token ids. Received: dtype={values.dtype}")
+    if values.shape[0] == 0:  # no prompts: nothing else to check
+        return
     lengths = np.sum(values != 0, axis=1)
     if values.size == 0 or np.any(lengths == 0):
         empty = np.flatnonzero(lengths == 0).tolist() if values.size else "all"

@@ -302,6 +302,15 @@ def test_bad_input():
         generate(model, np.array([[5, 6], [0, 0]], "int32"), 3)
     with pytest.raises(ValueError, match="at least one real token"):
         generate(model, np.zeros((2, 0), "int32"), 3)
+    # No prompts: no tokens, from every sampler, compiled or not (the settings still checked).
+    for settings in ({}, {"jit_compile": False}, {"sampler": "sample", "seed": 1},
+                     {"sampler": "beam", "end_id": 2}):  # fmt: skip
+        assert generate(model, np.zeros((0, 3), "int32"), 4, **settings).shape == (0, 4)
+    with pytest.raises(ValueError, match="`top_p` must be"):
+        generate(model, np.zeros((0, 3), "int32"), 3, sampler="sample", top_p=1.5)
+    with pytest.raises(ValueError, match="length_penalty"):
+        generate(model, np.zeros((0, 3), "int32"), 3, sampler="beam", end_id=2,
+                 length_penalty=float("nan"))  # fmt: skip
     with pytest.raises(ValueError, match=r"token ids in \[0, vocab_size=23\).*\[23, 40\]"):
         generate(model, np.array([[5, 23], [40, 1]], "int32"), 3)
     with pytest.raises(ValueError, match="token ids"):
