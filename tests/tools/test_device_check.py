@@ -149,6 +149,9 @@ def test_no_tensorflow_blocks_like_an_absent_package():
 
 @pytest.mark.slow  # 2-4 minutes on 2 busy cores: seven processes import Keras and a backend
 def test_dry_run_fills_every_row(tmp_path):
+    # The dry run's steps run on JAX and on torch: the `jax` and `torch` extras.
+    pytest.importorskip("jax")
+    pytest.importorskip("torch")
     env = {**os.environ, "OUT": str(tmp_path)}
     env.pop("KERAS_BACKEND", None)
     done = subprocess.run(
