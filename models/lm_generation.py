@@ -134,6 +134,8 @@ def generate(
         settings = (max_length, end_id, suppress_ids, temperature, top_k, top_p)
     else:
         settings = (max_length, end_id, suppress_ids)
+    if prompts.shape[0] == 0:  # no prompts, no tokens (nothing to decode, nor to compile)
+        return np.zeros((0, max_length), "int32")
     uniform = keras.random.uniform((max_length, prompts.shape[0]), seed=seed)  # (steps, B)
     # The compiled loops live as long as the model (`_COMPILED`'s weak key): they must not
     # hold it. A loop is traced (it calls `model_ref()`) only inside `generate(model, ...)`.
