@@ -9,6 +9,7 @@ from keras_attn.bilinear_attention import BilinearAttention
 from keras_attn.cache import KVCache
 from keras_attn.dot_attention import DotAttention, ScaledDotAttention
 from keras_attn.embeddings import TokenAndPositionEmbedding
+from keras_attn.feed_forward import FeedForward
 from keras_attn.grouped_query_attention import GroupedQueryAttention, GroupQueryAttention
 from keras_attn.hard_attention import HardAttention
 from keras_attn.key_value_attention import KeyValueAttention
@@ -30,8 +31,8 @@ from keras_attn.positional import (  # noqa: F401
     SinusoidalPositionalEncoding,
 )
 from keras_attn.rotary import RotaryEmbedding
-from keras_attn.transformer import FeedForward, TransformerEncoder, TransformerEncoderBlock  # noqa: F401
 from keras_attn.transformer_decoder import TransformerDecoder, TransformerDecoderBlock  # noqa: F401
+from keras_attn.transformer_encoder import TransformerEncoder, TransformerEncoderBlock  # noqa: F401
 
 # The model zoo, `keras_attn.models`, is the repository's `models/` folder: an install maps
 # it under this package (setup.cfg's package_dir); in a source checkout (the repository

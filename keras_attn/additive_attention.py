@@ -3,12 +3,12 @@
 import keras
 
 from keras_attn._typing import InitializerLike
-from keras_attn.dot_attention import _FixedScoreAttention
+from keras_attn.base import FixedScoreAttention
 from keras_attn.scores import AdditiveScore
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class AdditiveAttention(_FixedScoreAttention):
+class AdditiveAttention(FixedScoreAttention):
     """Additive attention with Bahdanau's learned weights.
 
     `s(q, k) = v^T tanh(W k + U q)`, `att(q, (K, V)) = sum_j softmax_j(s(q, k_j)) v_j`,

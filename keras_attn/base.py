@@ -241,3 +241,13 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         if isinstance(config.get("score"), dict):
             config["score"] = scores.get(config["score"])
         return cls(**config)
+
+
+class FixedScoreAttention(ScoreAttention):
+    """A `ScoreAttention` whose score is set by the class (`DotAttention`, `AdditiveAttention`,
+    ...), not by its config."""
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("score")
+        return config

@@ -3,12 +3,12 @@
 import keras
 
 from keras_attn._typing import InitializerLike
-from keras_attn.dot_attention import _FixedScoreAttention
+from keras_attn.base import FixedScoreAttention
 from keras_attn.scores import BilinearScore
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class BilinearAttention(_FixedScoreAttention):
+class BilinearAttention(FixedScoreAttention):
     """Bilinear attention, Luong's "general" score: `s(q, k) = q^T W k`.
 
     `att(q, (K, V)) = sum_j softmax_j(q^T W k_j) v_j` with a learned

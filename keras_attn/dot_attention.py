@@ -2,21 +2,12 @@
 
 import keras
 
-from keras_attn.base import ScoreAttention
+from keras_attn.base import FixedScoreAttention
 from keras_attn.scores import ScaledDotScore
 
 
-class _FixedScoreAttention(ScoreAttention):
-    """A `ScoreAttention` whose score is set by the class, not by config."""
-
-    def get_config(self):
-        config = super().get_config()
-        config.pop("score")
-        return config
-
-
 @keras.saving.register_keras_serializable(package="keras_attn")
-class DotAttention(_FixedScoreAttention):
+class DotAttention(FixedScoreAttention):
     """Dot-product attention (Luong "dot"): `s(q, k) = q . k`.
 
     `att(q, (K, V)) = sum_j softmax_j(q . k_j) v_j`, no weights. Query and key
@@ -57,7 +48,7 @@ class DotAttention(_FixedScoreAttention):
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
-class ScaledDotAttention(_FixedScoreAttention):
+class ScaledDotAttention(FixedScoreAttention):
     """Scaled dot-product attention: `s(q, k) = q . k / sqrt(d)`.
 
     `att(q, (K, V)) = softmax(q K^T / sqrt(d)) V`, no weights.
