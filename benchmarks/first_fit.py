@@ -3,7 +3,7 @@
     python -m benchmarks.first_fit [--repeats N]
 
 Each repeat builds a fresh 2+2-layer Transformer encoder-decoder (d_model 32, 4 heads; the
-model of `tests/zoo/test_transformer_models.py`), compiles it with Adam, its loss and an
+model of `tests/zoo/test_models_transformer.py`), compiles it with Adam, its loss and an
 accuracy metric, then times `evaluate` and a 2-epoch `fit` of 128 examples in batches of 64:
 once as Keras leaves it (the optimizer's and the metrics' variables made inside the first
 trace of each step, which makes TensorFlow trace it again) and once after

@@ -49,7 +49,9 @@ def register_decoding_steps(steps_class: type) -> type:
     - `__init__(model)`: picks the layers it needs from the model;
     - `start(encoder_inputs, max_length) -> state`: encodes the int32 source
       `(B, S)` once; `state` is a nest of tensors with a leading batch axis
-      (beam search reorders its rows);
+      (beam search reorders its rows with `keras.tree`): a dict, or a `NamedTuple`
+      as the zoo's steps carry (`TransformerDecodingState`, `RNNDecodingState`,
+      `LanguageModelState`); not a dataclass, which `keras.tree` takes for one leaf;
     - `step(tokens, index, state) -> (logits, state)`: feeds the `(B,)` tokens
       at position `index` and returns the next-token logits `(B, V)`;
     - optionally `start_tokens(encoder_inputs) -> (B,)`: a model that continues

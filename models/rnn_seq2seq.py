@@ -1,5 +1,7 @@
 """RNN encoder-decoder with an attention context vector at every decoder step."""
 
+from typing import Any, NamedTuple
+
 import keras
 
 import keras_attn
@@ -128,6 +130,24 @@ def rnn_seq2seq(
     return keras.Model(inputs, outputs, name=name)
 
 
+class RNNDecodingState(NamedTuple):
+    """The decoding state of an `rnn_seq2seq` (`RNNDecodingSteps`).
+
+    A `NamedTuple`, so the decoding loops carry it as a nest of tensors (`keras.tree`,
+    `tf.while_loop`, `jax.lax` loops) and beam search reorders its rows (the batch axis).
+
+    Args:
+        encoder_outputs: `(B, S, units)`: the encoder's outputs, the attention's values.
+        source_mask: bool `(B, S)`: `True` where the source is not padding.
+        states: the decoder cell's states, a list of `(B, units)`: `[h, c]` (LSTM) or
+            `[h]` (GRU); the only field a step changes.
+    """
+
+    encoder_outputs: Any
+    source_mask: Any
+    states: list
+
+
 class RNNDecodingSteps:
     """Step-by-step decoding of an `rnn_seq2seq` model, one RNN cell step per token.
 
@@ -158,27 +178,29 @@ class RNNDecodingSteps:
         self.hidden = model.get_layer("attentional_hidden")
         self.logits = model.get_layer("logits")
 
-    def start(self, encoder_inputs: TensorLike, max_length: int) -> dict:
+    def start(self, encoder_inputs: TensorLike, max_length: int) -> RNNDecodingState:
         """Encodes `(B, S)` source tokens; returns the initial decoding state."""
         del max_length  # an RNN state does not grow
         outputs, *states = self.encoder(encoder_inputs, training=False)
-        return {
-            "encoder_outputs": outputs,
-            "source_mask": keras.ops.not_equal(encoder_inputs, 0),
-            "states": list(states),
-        }
+        return RNNDecodingState(
+            encoder_outputs=outputs,
+            source_mask=keras.ops.not_equal(encoder_inputs, 0),
+            states=list(states),
+        )
 
-    def step(self, tokens: TensorLike, index: Length, state: dict) -> tuple[TensorLike, dict]:
+    def step(
+        self, tokens: TensorLike, index: Length, state: RNNDecodingState
+    ) -> tuple[TensorLike, RNNDecodingState]:
         """`(B,)` tokens -> next-token logits `(B, V)` and the new state."""
         del index  # the RNN state carries the position
         x = keras.ops.take(self.embedding.embeddings, tokens, axis=0)  # (B, E), no mask
-        output, states = self.cell(x, state["states"], training=False)  # (B, units)
+        output, states = self.cell(x, state.states, training=False)  # (B, units)
         states = list(states) if isinstance(states, (list, tuple)) else [states]
         hidden = keras.ops.expand_dims(output, 1)  # (B, 1, units)
         if self.attention is not None:
             context = self.attention(
-                hidden, state["encoder_outputs"], value_mask=state["source_mask"]
+                hidden, state.encoder_outputs, value_mask=state.source_mask
             )  # (B, 1, units)
             hidden = self.concat([context, hidden])
         logits = self.logits(self.hidden(hidden))[:, 0]  # (B, V)
-        return logits, dict(state, states=states)
+        return logits, state._replace(states=states)

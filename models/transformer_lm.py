@@ -1,5 +1,7 @@
 """`transformer_lm`: a decoder-only Transformer language model (the GPT family), and its steps."""
 
+from typing import Any, NamedTuple
+
 import keras
 import numpy as np
 from keras import ops
@@ -218,6 +220,23 @@ def check_prompts(prompts, vocab_size: int, max_length: int, sequence_length: in
         )
 
 
+class LanguageModelState(NamedTuple):
+    """The decoding state of a `transformer_lm` (`LanguageModelSteps`).
+
+    A `NamedTuple`, so the decoding loops carry it as a nest of tensors (`keras.tree`,
+    `tf.while_loop`, `jax.lax` loops) and beam search reorders its rows (the batch axis).
+
+    Args:
+        caches: one `keras_attn.KVCache` per decoder block, in block order: keys and values
+            `(B, g, P - 1 + max_length, dk)`, valid where a real token was written.
+        positions: int32 `(B,)`: each row's position for its next token (its count of real
+            tokens fed so far, so padding shifts nothing).
+    """
+
+    caches: list
+    positions: Any
+
+
 class LanguageModelSteps:
     """Incremental decoding of a `transformer_lm` model with KV caches.
 
@@ -280,7 +299,7 @@ class LanguageModelSteps:
         """`(B,)` int32: each prompt's last token, fed at the first step."""
         return left_align(prompts)[:, -1]
 
-    def start(self, prompts: TensorLike, max_length: int) -> dict:
+    def start(self, prompts: TensorLike, max_length: int) -> LanguageModelState:
         """Prefills the caches with `(B, P)` prompts (but their last tokens); the initial state."""
         check_prompts(prompts, self.vocab_size, max_length, self.sequence_length)
         prompts = left_align(prompts)  # (B, P)
@@ -292,16 +311,18 @@ class LanguageModelSteps:
         if not isinstance(length, int) or length > 1:
             x = self._embed(context, positions[:, :-1])
             _, caches = self._blocks(x, ops.not_equal(context, 0), caches, 0)
-        return {"caches": caches, "positions": positions[:, -1]}
+        return LanguageModelState(caches=caches, positions=positions[:, -1])
 
-    def step(self, tokens: TensorLike, index: Length, state: dict) -> tuple[TensorLike, dict]:
+    def step(
+        self, tokens: TensorLike, index: Length, state: LanguageModelState
+    ) -> tuple[TensorLike, LanguageModelState]:
         """`(B,)` tokens, the `index`-th fed -> next-token logits `(B, V)` and the new state."""
         tokens = ops.expand_dims(ops.cast(tokens, "int32"), 1)  # (B, 1)
-        positions = ops.expand_dims(state["positions"], 1)  # (B, 1)
-        cache_index = ops.shape(state["caches"][0].key)[2] - self._max_length + index
+        positions = ops.expand_dims(state.positions, 1)  # (B, 1)
+        cache_index = ops.shape(state.caches[0].key)[2] - self._max_length + index
         x = self._embed(tokens, positions)
-        x, caches = self._blocks(x, ops.not_equal(tokens, 0), state["caches"], cache_index)
+        x, caches = self._blocks(x, ops.not_equal(tokens, 0), state.caches, cache_index)
         if self.norm is not None:
             x = self.norm(x)
         logits = self.token_embedding(x, reverse=True)[:, 0]  # (B, V)
-        return logits, {"caches": caches, "positions": state["positions"] + 1}
+        return logits, LanguageModelState(caches=caches, positions=state.positions + 1)

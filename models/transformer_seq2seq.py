@@ -1,5 +1,7 @@
 """`transformer_seq2seq`: the encoder-decoder Transformer, and its cached decoding steps."""
 
+from typing import NamedTuple
+
 import keras
 from keras import ops
 
@@ -108,6 +110,24 @@ def _layer_names(model):
     return {layer.name for layer in model.layers}
 
 
+class TransformerDecodingState(NamedTuple):
+    """The decoding state of a `transformer_seq2seq` (`TransformerDecodingSteps`).
+
+    A `NamedTuple`, so the decoding loops carry it as a nest of tensors (`keras.tree`,
+    `tf.while_loop`, `jax.lax` loops) and beam search reorders its rows (the batch axis).
+
+    Args:
+        self_attention_caches: one `keras_attn.KVCache` per decoder block, in block order:
+            the target's keys and values `(B, h, max_length, dk)`, valid where written.
+        cross_attention_caches: one `keras_attn.KVCache` per decoder block: the encoded
+            source projected once `(B, h, S, dk)`, valid where the source is not padding;
+            the steps read them, never write them.
+    """
+
+    self_attention_caches: list
+    cross_attention_caches: list
+
+
 class TransformerDecodingSteps:
     """Incremental decoding of a `transformer_seq2seq` model with KV caches.
 
@@ -140,21 +160,27 @@ class TransformerDecodingSteps:
         self.norm = model.get_layer("decoder_norm") if "decoder_norm" in names else None
         self.logits = model.get_layer("logits")
 
-    def start(self, encoder_inputs: TensorLike, max_length: int) -> dict:
+    def start(self, encoder_inputs: TensorLike, max_length: int) -> TransformerDecodingState:
         """Encodes `(B, S)` source tokens; returns the initial decoding state."""
         encoded = self.encoder(encoder_inputs, training=False)  # (B, S, d)
         source_mask = ops.not_equal(encoder_inputs, 0)  # (B, S)
         batch = ops.shape(encoder_inputs)[0]
-        return {
-            "self": [b.empty_cache(batch, max_length) for b in self.blocks],
-            "cross": [b.compute_cross_attention_cache(encoded, source_mask) for b in self.blocks],
-        }
+        return TransformerDecodingState(
+            self_attention_caches=[b.empty_cache(batch, max_length) for b in self.blocks],
+            cross_attention_caches=[
+                b.compute_cross_attention_cache(encoded, source_mask) for b in self.blocks
+            ],
+        )
 
-    def step(self, tokens: TensorLike, index: Length, state: dict) -> tuple[TensorLike, dict]:
+    def step(
+        self, tokens: TensorLike, index: Length, state: TransformerDecodingState
+    ) -> tuple[TensorLike, TransformerDecodingState]:
         """`(B,)` tokens at position `index` -> next-token logits `(B, V)` and the new state."""
         x = self.embedding(ops.expand_dims(tokens, 1), start_index=index)  # (B, 1, d)
         caches = []
-        for block, cache, cross in zip(self.blocks, state["self"], state["cross"], strict=True):
+        for block, cache, cross in zip(
+            self.blocks, state.self_attention_caches, state.cross_attention_caches, strict=True
+        ):
             x, cache, _ = block(
                 x,
                 self_attention_cache=cache,
@@ -165,4 +191,4 @@ class TransformerDecodingSteps:
             caches.append(cache)
         if self.norm is not None:
             x = self.norm(x)
-        return self.logits(x)[:, 0], {"self": caches, "cross": state["cross"]}
+        return self.logits(x)[:, 0], state._replace(self_attention_caches=caches)

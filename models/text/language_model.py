@@ -1,0 +1,281 @@
+"""`TextLanguageModel`: a language model with its vocabulary, a prompt in, its continuation out."""
+
+import tempfile
+
+import keras
+import numpy as np
+
+from keras_attn.models.files import write_atomically
+from keras_attn.models.text.base import (
+    _REGISTER,
+    OOV,
+    _asset_lookup,
+    _at_least_one_column,
+    _check_export_backend,
+    _check_tokens,
+    _join_words,
+    _positive,
+    _strings,
+    _TextModel,
+    _unfamiliar,
+    _vocabulary_file,
+    normalize_spaces,
+    split_words,
+)
+
+# After `normalize_spaces`: a character that is no letter, digit, combining mark (Unicode's
+# categories), apostrophe, hyphen or space, with the combining marks after it.
+PUNCTUATION = r"([^\p{L}\p{N}\p{M} '-]\p{M}*)"
+
+
+def split_punctuation(text):
+    """Lowercased text `(B,)`, its spaces ASCII ones (`normalize_spaces`), every punctuation
+    mark a word of its own (TensorFlow).
+
+    `"It's a must-see!"` -> `"it's a must-see ! "`, `"Café crème."` -> `"café crème . "`:
+    letters, digits and combining marks (Unicode's, not ASCII's only), apostrophes and hyphens
+    stay inside their words; split on spaces afterwards.
+    """
+    import tensorflow as tf
+
+    lower = normalize_spaces(tf.strings.lower(text, encoding="utf-8"))
+    return tf.strings.regex_replace(lower, PUNCTUATION, r" \1 ")
+
+
+@_REGISTER
+class TextLanguageModel(_TextModel):
+    """A language model with its vocabulary: a prompt in, its continuation out.
+
+    A prompt is lowercased, its punctuation split off (`split_punctuation`) and split at
+    spaces (any Unicode space); its last `prompt_length` words are looked up (unknown words:
+    `[UNK]`) after the start token, as every training sequence began.
+    `keras_attn.models.generate` then continues it by at most `max_length` tokens (greedy,
+    sampled or beam, KV-cached; the prompts are right-padded here and `generate`
+    left-aligns them), and the new words up to the end token are joined with spaces: the
+    continuation, without the prompt. The `suppress_tokens` (by default the OOV token
+    `[UNK]`: a word, not a placeholder) are never generated, nor is padding; `predict_text`,
+    `continue_ids` and the SavedModel alike.
+
+    Args:
+        language_model: the token model, a `transformer_lm`: tokens `(B, T)` -> logits.
+        lookup: a `StringLookup` (`string_lookup`): word -> id; its vocabulary holds
+            `start_token` and `end_token`.
+        max_length: the most new tokens (the end token included).
+        prompt_length: the most prompt words kept (its last ones). With learned positions
+            `prompt_length + max_length` must fit in the model's `sequence_length`.
+        start_token, end_token: the vocabulary's start and end tokens.
+        suppress_tokens: tokens of the vocabulary never generated (`generate`'s
+            `suppress_ids`); `()` lets the model generate `[UNK]`.
+
+    Call arguments:
+        inputs: the token model's inputs; returns its logits (`model.fit` trains it).
+
+    Example:
+
+    >>> text_model = TextLanguageModel(lm, string_lookup(words), 24, 32)  # doctest: +SKIP
+    >>> text_model.predict_text(["the movie is"])  # doctest: +SKIP
+    ['a lot of fun .']
+    """
+
+    def __init__(
+        self,
+        language_model: keras.Model,
+        lookup: keras.layers.Layer,
+        max_length: int,
+        prompt_length: int,
+        start_token: str = "<s>",
+        end_token: str = "</s>",
+        suppress_tokens: tuple | list = (OOV,),
+        **kwargs,
+    ):
+        from keras_attn.models.transformer_lm import LanguageModelSteps
+
+        super().__init__(**kwargs)
+        for name, value in (("max_length", max_length), ("prompt_length", prompt_length)):
+            if not _positive(value):
+                raise ValueError(f"`{name}` must be a positive integer. Received: {value!r}")
+        if not LanguageModelSteps.matches(language_model):
+            raise ValueError(
+                "`language_model` must be built by keras_attn.models.transformer_lm. "
+                f"Received: model {language_model.name!r}"
+            )
+        positions = LanguageModelSteps(language_model).sequence_length
+        if positions is not None and prompt_length + max_length > positions:
+            raise ValueError(
+                "`prompt_length` + `max_length` (the start token, the prompt and the new tokens "
+                f"but the last) must fit in the model's sequence_length={positions}. Received: "
+                f"prompt_length={prompt_length}, max_length={max_length}"
+            )
+        self.language_model = language_model
+        self.lookup = lookup
+        self.max_length = max_length
+        self.prompt_length = prompt_length
+        self.start_token = start_token
+        self.end_token = end_token
+        if isinstance(suppress_tokens, str) or not all(isinstance(t, str) for t in suppress_tokens):
+            raise ValueError(
+                "`suppress_tokens` must be a list or tuple of tokens of the vocabulary. "
+                f"Received: suppress_tokens={suppress_tokens!r}"
+            )
+        self.suppress_tokens = tuple(suppress_tokens)
+        _check_tokens(lookup, start_token=start_token, end_token=end_token)
+        for token in self.suppress_tokens:
+            _check_tokens(lookup, suppress_tokens=token)
+        self.built = True
+
+    @property
+    def input(self):
+        """The token model's input (what `call` takes)."""
+        return self.language_model.input
+
+    def call(self, inputs, training=None):
+        return self.language_model(inputs, training=training)
+
+    def sequence_ids(self, text, lookup=None, end=True, words=None):
+        """`text` `(B,)` -> `start_token`, its words (the last `words`, if given), `end_token`
+        (if `end`): ids `(B, T)` int32, right-padded with 0 (TensorFlow). Training sequences."""
+        import tensorflow as tf
+
+        text = _strings(text)
+        pieces = split_words(split_punctuation(text))  # (B, None) ragged
+        if words is not None:
+            pieces = pieces[:, -words:]
+        batch = tf.shape(text, out_type=tf.int64)[:1]
+        start = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), self.start_token))
+        parts = [start, pieces]
+        if end:
+            parts.append(
+                tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), self.end_token))
+            )
+        ids = (lookup or self.lookup)(tf.concat(parts, axis=1))
+        return _at_least_one_column(tf.cast(ids, tf.int32).to_tensor(0))  # no rows: (0, 1)
+
+    def prompt_ids(self, text, lookup=None):
+        """`text` `(B,)` -> the start token and the last `prompt_length` words: `(B, P)` int32,
+        right-padded with 0, `1 <= P <= prompt_length + 1` (TensorFlow)."""
+        return self.sequence_ids(text, lookup, end=False, words=self.prompt_length)
+
+    def _end_id(self):
+        return self.lookup.get_vocabulary().index(self.end_token)
+
+    def _suppress_ids(self):
+        vocabulary = self.lookup.get_vocabulary()
+        return tuple(vocabulary.index(token) for token in self.suppress_tokens)
+
+    def continue_ids(self, text, **generation) -> np.ndarray:
+        """The new tokens after each prompt: int32 `(B, max_length)`, 0 after the end token.
+
+        Args:
+            text: prompts `(B,)`.
+            **generation: `sampler` (`"greedy"`, `"sample"`, `"beam"`), `temperature`,
+                `top_k`, `top_p`, `seed`, `jit_compile` (here False unless given),
+                `suppress_ids` (here the ids of `suppress_tokens` unless given) ... of
+                `keras_attn.models.generate`.
+        """
+        from keras_attn.models.lm_generation import generate
+
+        prompts = np.asarray(self.prompt_ids(text))
+        if not len(prompts):  # no prompts, no continuations
+            return np.zeros((0, self.max_length), "int32")
+        # Eager by default: compiling the loop (XLA) takes longer than a few prompts' decoding.
+        generation.setdefault("jit_compile", False)
+        generation.setdefault("suppress_ids", self._suppress_ids())
+        return generate(self.language_model, prompts, self.max_length, self._end_id(), **generation)
+
+    def predict_text(self, text, **generation) -> list:
+        """Continues a batch of prompts: one string per prompt, its new words up to the end.
+
+        Args:
+            text: strings `(B,)`: a list, a NumPy array or a tf.string tensor.
+            **generation: as in `continue_ids` (default: greedy).
+
+        Returns:
+            A list of `B` Python strings.
+        """
+        import tensorflow as tf
+
+        tokens = self.continue_ids(text, **generation)
+        vocabulary = tf.constant(self.lookup.get_vocabulary())
+        return [t.decode("utf-8") for t in _join_words(tokens, vocabulary, self.end_token).numpy()]
+
+    def outside_training(self, text) -> list:
+        """What sets prompts of `text` apart from the training texts, in sentences (none:
+        nothing): how many have words outside the vocabulary (of the words kept)."""
+        return _unfamiliar(self.prompt_ids(text))
+
+    def export_text(self, path: str) -> None:
+        """A SavedModel of a prompt in, its greedy continuation out (no `suppress_tokens`), the
+        vocabulary in `assets/`.
+
+        Signatures: `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`;
+        `greedy_decode`: prompt ids `prompts` `(B, P)` int64 (0 = padding, either side) ->
+        the new tokens `(B, max_length)` int32; `serve`: the token model (ids -> logits).
+
+        Args:
+            path: the SavedModel directory, written atomically.
+        """
+        import tensorflow as tf
+
+        from keras_attn.models.decoding import greedy_decode
+
+        _check_export_backend()
+        model, end_id, suppress_ids = self.language_model, self._end_id(), self._suppress_ids()
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+
+        # No AutoGraph: the loop is `keras.ops.fori_loop` already (and the closures confuse it).
+        @tf.function(
+            input_signature=[tf.TensorSpec((None, None), tf.int64, name="prompts")], autograph=False
+        )
+        def decoder(prompts):
+            prompts = tf.cast(prompts, tf.int32)
+            return greedy_decode(
+                model, prompts, self.max_length, None, end_id, suppress_ids=suppress_ids
+            )
+
+        archive.add_endpoint("greedy_decode", decoder)
+        archive.add_endpoint(
+            "serve",
+            lambda tokens: model(tf.cast(tokens, tf.int32), training=False),
+            input_signature=[tf.TensorSpec((None, None), tf.int64, name="tokens")],
+        )
+        with tempfile.TemporaryDirectory() as scratch:
+            vocabulary = self.lookup.get_vocabulary()
+            vocabulary_file = _vocabulary_file(scratch, "vocabulary.txt", vocabulary)
+            lookup = _asset_lookup(vocabulary_file)  # both tables read the one asset
+            words = _asset_lookup(vocabulary_file, invert=True)
+            for layer in (lookup, words):
+                archive.track(layer)
+            all_ids = tf.range(len(vocabulary), dtype=tf.int64)
+
+            @tf.function(
+                input_signature=[tf.TensorSpec((None,), tf.string, name="text")], autograph=False
+            )
+            def serving_default(text):
+                tokens = decoder(tf.cast(self.prompt_ids(text, lookup), tf.int64))
+                return {"text": _join_words(tokens, words(all_ids), self.end_token)}
+
+            archive.add_endpoint("serving_default", serving_default)
+            write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "language_model": keras.saving.serialize_keras_object(self.language_model),
+                "lookup": keras.saving.serialize_keras_object(self.lookup),
+                "max_length": self.max_length,
+                "prompt_length": self.prompt_length,
+                "start_token": self.start_token,
+                "end_token": self.end_token,
+                "suppress_tokens": list(self.suppress_tokens),
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("language_model", "lookup"):
+            config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
