@@ -30,6 +30,7 @@ if __name__ != "keras_attn.models":  # e.g. `import models` from the repository 
 import importlib
 
 from keras_attn.models import layers, text
+from keras_attn.models.distribution import check_layout, layout_map
 from keras_attn.models.han import hierarchical_attention_network
 from keras_attn.models.pointer_network import pointer_network
 from keras_attn.models.rnn_seq2seq import rnn_seq2seq
@@ -42,12 +43,14 @@ _DECODING = ("beam_search", "export_seq2seq", "greedy_decode", "pointer_decode",
 
 __all__ = [
     "beam_search",
+    "check_layout",
     "decoding",
     "export_seq2seq",
     "generate",
     "greedy_decode",
     "hierarchical_attention_network",
     "layers",
+    "layout_map",
     "pointer_decode",
     "pointer_network",
     "rnn_seq2seq",
