@@ -29,11 +29,18 @@ def check_rate(name, value):
 
 
 def check_positive_int(name, value, allow_none=False):
-    """A positive integer (Python or NumPy), as a Python int; `None` if `allow_none`."""
+    """A positive integer (Python or NumPy), as a Python int; `None` if `allow_none`.
+
+    The message is worded as Keras words its own (its tests match "argument `name`").
+    """
     if value is None and allow_none:
         return None
     if not is_int(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+        default = " (or None, the default)" if allow_none else ""
+        raise ValueError(
+            f"The argument `{name}` must be a positive integer. Received: {name}={value!r}"
+            + default
+        )
     return int(value)
 
 

@@ -160,13 +160,14 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         attention_bias: TensorLike | tuple[TensorLike, ...] | attn_ops.AttentionBias | None = None,
     ) -> TensorLike | tuple[TensorLike, TensorLike]:
         key = value if key is None else key
-        value_mask = masks.as_bool_mask(value_mask, "value_mask")
+        key_padding_mask = masks.as_bool_mask(value_mask, "value_mask")  # (B, Tv)
         query, query_mask, attention_mask, single_query = prepare_query(
-            query, value, query_mask, value_mask, attention_mask, key=key
+            query, value, query_mask, key_padding_mask, attention_mask, key=key
         )
         # Padded keys and values zeroed before the projections: nothing they hold
         # reaches a gradient of the projections (dW = x^T dy).
-        value, key = masks.zero_padded(value, value_mask), masks.zero_padded(key, value_mask)
+        value = masks.zero_padded(value, key_padding_mask)
+        key = masks.zero_padded(key, key_padding_mask)
         query, key, value = self.project_inputs(query, key, value)
         score = self.score_layer
         score.check_inputs(query, key)
@@ -179,7 +180,7 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         return_weights = return_attention_scores or self.needs_weights
         spec = attn_ops.AttentionSpec(
             mask=masks.merge_masks(
-                None if value_mask is None else value_mask[:, None, :],
+                None if key_padding_mask is None else key_padding_mask[:, None, :],
                 attention_mask,
             ),  # (B|1, Tq|1, Tv)
             is_causal=bool(use_causal_mask),
@@ -197,7 +198,7 @@ class ScoreAttention(AttentionLayer, keras.layers.Layer):
         )
         output = self.project_output(self.combine(output, weights))
         rows = spec.visible_query_rows(
-            dim(query, 1), dim(key, 1), query_mask, value_mask, attention_mask
+            dim(query, 1), dim(key, 1), query_mask, key_padding_mask, attention_mask
         )
         output, weights = zero_unseen_rows(output, weights, rows)
         if single_query:

@@ -4,6 +4,11 @@ A cached decoding step attends over keys and values kept from earlier steps.
 The cache remembers, per position, whether it holds a real key: positions not
 written yet, and padded tokens of a prompt (a left-padded prefill), stay
 invalid, so step-by-step decoding sees exactly the keys a full pass would.
+
+keras-hub's blocks keep a cache as one tensor `(B, 2, S, g, d)`, keys and
+values stacked, with no record of which positions are valid: `is_stacked`,
+`KVCache.from_stacked`, `KVCache.to_stacked` and `written_before` convert it at
+the edge of a layer that takes it (`TransformerDecoder`).
 """
 
 import functools
@@ -13,8 +18,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._execution import transpose
 from keras_attn._typing import Length, TensorLike
-from keras_attn.arguments import dim
+from keras_attn.arguments import check_rank, dim
 
 
 class KVCache(NamedTuple):
@@ -57,6 +63,55 @@ class KVCache(NamedTuple):
         """`S`, the number of positions (static, or `None` if unknown)."""
         return self.key.shape[2]
 
+    @classmethod
+    def from_stacked(
+        cls, tensor: TensorLike, valid: TensorLike | None = None, *, name: str = "cache"
+    ) -> "KVCache":
+        """A cache in keras-hub's form, one tensor `(B, 2, S, g, d)`, as a `KVCache`.
+
+        keras-hub stacks the keys and values on axis 1, heads after positions;
+        a `KVCache` keeps them apart, heads first.
+
+        Args:
+            tensor: `(B, 2, S, g, d)`: keys (`tensor[:, 0]`) and values.
+            valid: bool `(B, S)`, which positions hold real keys (e.g.
+                `written_before(tensor, index)` for a self-attention cache),
+                or `None`: all of them.
+            name: the argument `tensor` came in, for the error message.
+
+        Returns:
+            A `KVCache`: keys and values `(B, g, S, d)`, and `valid`.
+
+        Raises:
+            ValueError: `tensor` is not of rank 5 with 2 on axis 1.
+
+        Example:
+
+        >>> stacked = keras.ops.zeros((1, 2, 3, 2, 4))  # keras-hub's zero cache
+        >>> cache = keras_attn.KVCache.from_stacked(stacked)
+        >>> print(cache.key.shape, keras.ops.convert_to_numpy(cache.valid).tolist())
+        (1, 2, 3, 4) [[True, True, True]]
+        >>> print(cache.to_stacked().shape)
+        (1, 2, 3, 2, 4)
+        """
+        check_rank(name, tensor.shape, (5,))
+        if tensor.shape[1] not in (None, 2):
+            raise ValueError(
+                f"`{name}` in keras-hub's form must have shape (batch, 2, length, heads, head_dim) "
+                f"(keys and values stacked on axis 1). Received: {name}.shape={tuple(tensor.shape)}"
+            )
+        key, value = (transpose(tensor[:, i], (0, 2, 1, 3)) for i in (0, 1))  # (B, g, S, d)
+        if valid is None:
+            valid = ops.ones((dim(tensor, 0), dim(tensor, 2)), "bool")
+        return cls(key, value, valid)
+
+    def to_stacked(self) -> TensorLike:
+        """The cache in keras-hub's form, `(B, 2, S, g, d)`: `valid` is dropped.
+
+        Keys and values must have the same width (keras-hub's always do).
+        """
+        return ops.stack([transpose(c, (0, 2, 1, 3)) for c in (self.key, self.value)], axis=1)
+
 
 def as_kv_cache(cache: KVCache | tuple[TensorLike, TensorLike, TensorLike]) -> KVCache:
     """`cache` as a `KVCache`; a plain 3-tuple `(key, value, valid)` is accepted.
@@ -74,6 +129,27 @@ def as_kv_cache(cache: KVCache | tuple[TensorLike, TensorLike, TensorLike]) -> K
         f"`compute_cache`. Received: cache of type {type(cache).__name__}"
         + (f" with {len(cache)} items" if isinstance(cache, (tuple, list)) else "")
     )
+
+
+def is_stacked(cache: KVCache | TensorLike | None) -> bool:
+    """Whether `cache` is in keras-hub's form, one tensor (not `None`, a `KVCache` or a tuple)."""
+    return cache is not None and not isinstance(cache, (tuple, list))
+
+
+def written_before(stacked: TensorLike, index: Length) -> TensorLike:
+    """bool `(B, S)`: the positions of a keras-hub cache `(B, 2, S, g, d)` before `index`.
+
+    keras-hub's cache cannot say which positions are valid: a self-attention
+    cache holds real tokens before the position being written, and nothing
+    from it on. Static sizes and an int `index` give a NumPy constant.
+    """
+    batch, length = stacked.shape[0], stacked.shape[2]
+    if all(isinstance(n, int) and not isinstance(n, bool) for n in (batch, length, index)):
+        # one constant, not six ops a step
+        return np.broadcast_to(positions_between(0, index, length), (batch, length))
+    shape = ops.shape(stacked)  # once: traced on TensorFlow, each call is a Shape op and slices
+    before = ops.arange(shape[2], dtype="int32") < ops.cast(index, "int32")
+    return ops.broadcast_to(ops.expand_dims(before, 0), (shape[0], shape[2]))
 
 
 def write(

@@ -3,8 +3,9 @@
 import keras
 
 from keras_attn._typing import ConstraintLike, InitializerLike, RegularizerLike
+from keras_attn.arguments import check_positive_int
 from keras_attn.multi_head_attention import MultiHeadAttention
-from keras_attn.multi_head_shapes import check_size
+from keras_attn.multi_head_shapes import check_key_value_heads
 
 # Keys of MultiHeadAttention's config that GroupedQueryAttention names otherwise or fixes.
 _RENAMED = ("num_heads", "key_dim", "value_dim", "output_shape", "attention_axes")
@@ -97,14 +98,11 @@ class GroupedQueryAttention(MultiHeadAttention):
         seed: int | None = None,
         **kwargs,
     ):
-        self.head_dim = check_size("head_dim", head_dim)
-        self.num_query_heads = check_size("num_query_heads", num_query_heads)
-        kv_heads = check_size("num_key_value_heads", num_key_value_heads)
-        if self.num_query_heads % kv_heads:
-            raise ValueError(
-                "`num_query_heads` must be divisible by `num_key_value_heads`. Received: "
-                f"num_query_heads={num_query_heads}, num_key_value_heads={num_key_value_heads}"
-            )
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.num_query_heads = check_positive_int("num_query_heads", num_query_heads)
+        kv_heads = check_key_value_heads(
+            num_key_value_heads, self.num_query_heads, "num_query_heads", allow_none=False
+        )
         super().__init__(
             num_heads=self.num_query_heads,
             key_dim=self.head_dim,
@@ -162,7 +160,7 @@ class GroupedQueryAttention(MultiHeadAttention):
     def _overrides_compute_attention(self):
         return type(self)._compute_attention is not GroupedQueryAttention._compute_attention
 
-    def _invoke_compute_attention(self, query, key, value, mask, training, return_scores):
+    def _invoke_compute_attention(self, query, key, value, mask, training, return_weights):
         """The override, called as `keras.layers.GroupQueryAttention.call` calls it."""
         return self._compute_attention(query, key, value, attention_mask=mask, training=training)
 

@@ -103,7 +103,9 @@ def check_input_shapes(query_shape, value_shape, key_shape=None):
     return tuple(query_shape), tuple(key_shape)
 
 
-def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None, value_shape=None):
+def prepare_query(
+    query, value, query_mask, key_padding_mask, attention_mask, key=None, value_shape=None
+):
     """The checks every attention layer's `call` starts with, and the rank-2 query.
 
     The inputs must be floating point. Padded query rows are zeroed
@@ -112,6 +114,8 @@ def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None
     `attention_mask (B, Tv)` -> `(B, 1, Tv)`), and the explicit masks are
     checked (`check_masks`) against the query and `value_shape` (default
     `value.shape`; a cached cross-attention call passes the cache's).
+    `key_padding_mask` `(B, Tv)` is the layer's `value_mask` (merged with
+    `key_mask` where the layer has one); errors name it `value_mask`.
 
     Returns:
         `(query, query_mask, attention_mask, single_query)`: the rank-3 query,
@@ -121,7 +125,7 @@ def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None
         if x is not None:
             check_floating(name, x)
     query_mask = masks.as_bool_mask(query_mask, "query_mask")
-    value_mask = masks.as_bool_mask(value_mask, "value_mask")
+    key_padding_mask = masks.as_bool_mask(key_padding_mask, "value_mask")
     attention_mask = masks.as_bool_mask(attention_mask, "attention_mask")
     single_query = len(query.shape) == 2
     if single_query:
@@ -137,7 +141,7 @@ def prepare_query(query, value, query_mask, value_mask, attention_mask, key=None
             check_rank("attention_mask", attention_mask.shape, (2,))
             attention_mask = kops.expand_dims(attention_mask, 1)  # (B, 1, Tv)
     value_shape = value.shape if value_shape is None else value_shape
-    check_masks(query.shape, value_shape, query_mask, value_mask, attention_mask)
+    check_masks(query.shape, value_shape, query_mask, key_padding_mask, attention_mask)
     query = masks.zero_padded(query, query_mask)  # padded rows: no NaN in any gradient
     return query, query_mask, attention_mask, single_query
 
@@ -161,22 +165,23 @@ def zero_unseen_rows(output, weights, rows):
     return output, weights
 
 
-def check_masks(query_shape, value_shape, query_mask, value_mask, attention_mask):
+def check_masks(query_shape, value_shape, query_mask, key_padding_mask, attention_mask):
     """Static checks of explicit masks against `query (B, Tq, .)` and `value (B, Tv, ...)` shapes.
 
     Masks must be boolean (or integer or float), with the rank, lengths and batch size
-    of their inputs (`attention_mask` may have batch size 1).
+    of their inputs (`attention_mask` may have batch size 1). The key padding mask is
+    named by the call argument it comes from, `value_mask`.
     """
     if query_mask is not None:
         check_mask_dtype("query_mask", query_mask)
         check_rank("query_mask", query_mask.shape, (2,))
         check_dim("query_mask", query_mask.shape[1], "query", query_shape[1], "length")
         check_dim("query_mask", query_mask.shape[0], "query", query_shape[0], "batch size")
-    if value_mask is not None:
-        check_mask_dtype("value_mask", value_mask)
-        check_rank("value_mask", value_mask.shape, (2,))
-        check_dim("value_mask", value_mask.shape[1], "value", value_shape[1], "length")
-        check_dim("value_mask", value_mask.shape[0], "value", value_shape[0], "batch size")
+    if key_padding_mask is not None:
+        check_mask_dtype("value_mask", key_padding_mask)
+        check_rank("value_mask", key_padding_mask.shape, (2,))
+        check_dim("value_mask", key_padding_mask.shape[1], "value", value_shape[1], "length")
+        check_dim("value_mask", key_padding_mask.shape[0], "value", value_shape[0], "batch size")
     if attention_mask is not None:
         check_mask_dtype("attention_mask", attention_mask)
         check_rank("attention_mask", attention_mask.shape, (3,))

@@ -7,6 +7,8 @@ with Keras' weights gives Keras' outputs), the attention (one
 `keras_attn.multi_head_shapes.AttentionLayout`), the KV cache, and the config.
 """
 
+from typing import NamedTuple
+
 import keras
 from keras import ops
 
@@ -22,6 +24,7 @@ from keras_attn._typing import (
 )
 from keras_attn.arguments import (
     check_dim,
+    check_positive_int,
     check_rank,
     check_rate,
     clone_initializer,
@@ -35,35 +38,36 @@ from keras_attn.matmul_einsum_dense import MatmulEinsumDense
 from keras_attn.multi_head_shapes import (
     attention_layout,
     check_attention_axes,
+    check_key_value_heads,
     check_key_value_shapes,
     check_output_shape,
-    check_size,
 )
-
-
-def check_rotary_embedding(layer):
-    """`layer` if it rotates heads as `keras_attn.RotaryEmbedding` does, else `TypeError`.
-
-    Accepted: `None`, and layers of a class named `RotaryEmbedding` or
-    derived from one (ours, keras-hub's, a user's own), whose call takes
-    `(x, start_index=0)` on `(B, T, h, d)` and keeps its shape. Any other layer
-    (a positional encoding, a bias, a `Dense`) would replace or reshape the
-    query and key heads.
-    """
-    names = {c.__name__ for c in type(layer).__mro__}
-    if layer is None or (isinstance(layer, keras.layers.Layer) and "RotaryEmbedding" in names):
-        return layer
-    raise TypeError(
-        "`rotary_embedding` must be None or a rotary embedding layer: keras_attn.RotaryEmbedding "
-        "(or keras-hub's, or a subclass), called as `layer(x, start_index=...)` on the heads. "
-        f"Received: rotary_embedding of type {type(layer).__name__}"
-    )
-
+from keras_attn.position_bias import check_position_bias
+from keras_attn.rotary import check_rotary_embedding
 
 _FLASH_SCORES = (
     "Returning attention scores is not supported when flash attention is enabled. "
     "Please disable flash attention to access attention scores."
 )
+
+
+class ProjectedHeads(NamedTuple):
+    """One call's projected heads and the padding and positions of the keys they attend over.
+
+    What `MultiHeadAttention._project_inputs` hands to the attention
+    (`_attend`) and to the output projection (`_project_output`); `S` is the
+    number of keys attended over: `Tv`, or the cache's length in a cached call.
+    """
+
+    query: TensorLike  # (B, Tq, dq): the rank-3 query, padded rows zeroed (the gate reads it)
+    q: TensorLike  # (B, h, Tq, dk), rotated
+    k: TensorLike  # (B, g, S, dk), rotated
+    v: TensorLike  # (B, g, S, dv)
+    query_mask: TensorLike | None  # (B, Tq)
+    key_padding_mask: TensorLike | None  # (B, S): which keys are real (a cache's valid ones)
+    query_start: Length | None  # the first query's position among the keys; None: S - Tq
+    cache: KVCache | None  # the cache, with the new tokens written
+    in_range: TensorLike | None  # whether a tensor cache index fits the cache
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -226,9 +230,9 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.num_heads = check_size("num_heads", num_heads)
-        self.key_dim = check_size("key_dim", key_dim)
-        self.value_dim = check_size("value_dim", value_dim, allow_none=True) or self.key_dim
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.key_dim = check_positive_int("key_dim", key_dim)
+        self.value_dim = check_positive_int("value_dim", value_dim, allow_none=True) or self.key_dim
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
         # Stored private, as Keras does: a public `output_shape` would clash in model summaries.
@@ -259,39 +263,9 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.use_gate = bool(use_gate)
         self.seed = seed
-        self.num_key_value_heads = check_size(
-            "num_key_value_heads", num_key_value_heads, allow_none=True
-        )
-        if self.num_heads % (self.num_key_value_heads or self.num_heads):
-            raise ValueError(
-                "`num_key_value_heads` must divide `num_heads`. Received: "
-                f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
-            )
-        self.rotary_embedding = check_rotary_embedding(rotary_embedding)
-        if rotary_embedding is not None and self.key_dim % 2:
-            raise ValueError(
-                "`key_dim` must be even to rotate pairs of features with "
-                f"`rotary_embedding`. Received: key_dim={key_dim}"
-            )
-        axes = (
-            getattr(rotary_embedding, "sequence_axis", 1),
-            getattr(rotary_embedding, "feature_axis", -1),
-        )
-        if rotary_embedding is not None and (axes[0] not in (1, -3) or axes[1] not in (-1, 3)):
-            raise ValueError(
-                "`rotary_embedding` rotates the heads (B, T, h, d): its `sequence_axis` must be "
-                "1 and its `feature_axis` -1. Received: "
-                f"sequence_axis={axes[0]}, feature_axis={axes[1]}"
-            )
-        self.position_bias = self._check_sublayer(
-            "position_bias", position_bias, "keras_attn.AlibiBias()", "position_bias"
-        )
-        bias_heads = getattr(position_bias, "num_heads", None)  # a learned bias has its heads
-        if bias_heads is not None and bias_heads != self.num_heads:
-            raise ValueError(
-                "`position_bias` must have one bias per query head. Received: "
-                f"position_bias.num_heads={bias_heads}, num_heads={self.num_heads}"
-            )
+        self.num_key_value_heads = check_key_value_heads(num_key_value_heads, self.num_heads)
+        self.rotary_embedding = check_rotary_embedding(rotary_embedding, self.key_dim)
+        self.position_bias = check_position_bias(position_bias, self.num_heads)
         # The name, that "fused", "chunked" and "backend" come without dropout, and that
         # `flash_attention` agrees with `implementation`.
         attn_ops.check_implementation(implementation, self._flash_attention, self.dropout)
@@ -306,16 +280,6 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
     def _sliding_window(self):
         """Keras' private name of `sliding_window` (read by code written for Keras' layer)."""
         return self.sliding_window
-
-    @staticmethod
-    def _check_sublayer(name, layer, example, method=None):
-        if layer is not None and (
-            not isinstance(layer, keras.layers.Layer) or (method and not hasattr(layer, method))
-        ):
-            raise TypeError(
-                f"`{name}` must be None or a layer such as {example}. Received: {name}={layer!r}"
-            )
-        return layer
 
     # Keras' read-only names of the projections (e.g. `layer.query_dense.enable_lora(2)`).
     query_dense = property(lambda self: self._query_dense)
@@ -553,16 +517,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             check_key_value_shapes(value.shape, None if key is None else key.shape)
             source = value.shape
         layout = attention_layout(3) if cached else self._layout(query.shape, source)
-        if attention_mask is not None:
-            if single_query:  # (B, Tv) -> (B, 1, Tv)
-                check_rank("attention_mask", attention_mask.shape, (2,))
-                attention_mask = ops.expand_dims(attention_mask, 1)
-            scores = layout.scores_shape(
-                ((query.shape[0], 1) if single_query else query.shape), source, self.num_heads
-            )
-            attention_mask = layout.expand_mask(attention_mask, scores)
-            if not layout.identity:
-                attention_mask = layout.flatten_attention_mask(attention_mask, query, value)
+        attention_mask = self._expand_attention_mask(layout, attention_mask, query, value, source)
         for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
             if mask is not None and layout.identity and value is not None:  # (B, Tv), merged
                 check_rank(name, mask.shape, (2,))
@@ -572,38 +527,77 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 "`attention_bias` needs inputs of rank 3 (B, T, d). Received: "
                 f"query.shape={tuple(query.shape)}"
             )
-        output, weights, cache = self._attend(
+        if cached:
+            self._check_cache_arguments(value, key, cache_update_index, use_causal_mask)
+        # Below the call, one key padding mask `(B, Tv)`: Keras' `value_mask` and `key_mask`.
+        key_padding_mask = masks.merge_masks(
+            layout.flatten_mask(value_mask, "value_mask", value),
+            layout.flatten_mask(key_mask, "key_mask", value),
+        )
+        projected = self._project_inputs(
             layout.flatten(query),
             layout.flatten(value),
             layout.flatten(key),
-            query_mask=layout.flatten_mask(query_mask, "query_mask", query),
-            value_mask=masks.merge_masks(
-                layout.flatten_mask(value_mask, "value_mask", value),
-                layout.flatten_mask(key_mask, "key_mask", value),
-            ),
-            heads_mask=attention_mask,
-            return_scores=return_attention_scores,
-            training=training,
-            use_causal_mask=use_causal_mask,
-            cache=cache,
-            cache_update_index=cache_update_index,
-            attention_bias=attention_bias,
+            layout.flatten_mask(query_mask, "query_mask", query),
+            key_padding_mask,
+            cache,
+            cache_update_index,
         )
+        # A self-attention step: each new token is written valid and sees itself.
+        step = cached and cache_update_index is not None
+        step = step and all(m is None for m in (query_mask, key_padding_mask, attention_mask))
+        spec = attn_ops.AttentionSpec(
+            mask=masks.merge_masks(  # (B, 1, 1, S) and the explicit (B|1, h|1, Tq|1, S)
+                masks.attention_heads_mask(projected.key_padding_mask), attention_mask
+            ),
+            is_causal=bool(use_causal_mask),
+            query_start=projected.query_start,
+            window=self.sliding_window,
+            bias=None
+            if self.position_bias is None and attention_bias is None
+            else attn_ops.AttentionBias(self.position_bias, attention_bias),
+            dropout_rate=self.dropout,
+            seed=self.seed_generator,
+            training=training,
+            return_weights=return_attention_scores,
+            every_row_sees_a_key=step,
+        )
+        heads, weights = self._attend(projected.q, projected.k, projected.v, spec)
+        output, weights = self._project_output(projected, heads, weights, spec, attention_mask)
+        if single_query:  # (B, 1, ...) -> (B, ...)
+            output = output[:, 0]
+            weights = None if weights is None else weights[..., 0, :]
         output = self.with_output_mask(layout.unflatten_output(output, query), query_mask)
         if weights is not None:
             weights = layout.unflatten_scores(weights, query, value)
         outputs = (output, weights) if return_attention_scores else (output,)
-        outputs += (cache,) if cached else ()
+        outputs += (projected.cache,) if cached else ()
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def _attend(self, query, value, key, *, query_mask, value_mask, heads_mask, return_scores,
-                training, use_causal_mask, cache, cache_update_index, attention_bias):  # fmt: skip
-        """The rank-3 path: `query (B, Tq, dq)` (or `(B, dq)`), padding masks `(B, T)`.
+    def _expand_attention_mask(self, layout, attention_mask, query, value, source):
+        """Keras' explicit mask as the rank-3 path's `(B|1, h|1, Tq|1, S)` (`None`: `None`).
 
-        `heads_mask` is the explicit mask as `(B|1, h|1, Tq|1, Tv)` (over the
-        cache's positions in a cached call). Returns `(output, weights, cache)`.
+        `source` is the keys' shape (the cache's positions when cached); a
+        rank-2 query's mask is `(B, Tv)`.
         """
-        cached, cross = cache is not None, cache is not None and cache_update_index is None
+        if attention_mask is None:
+            return None
+        single_query = len(query.shape) == 2
+        if single_query:  # (B, Tv) -> (B, 1, Tv)
+            check_rank("attention_mask", attention_mask.shape, (2,))
+            attention_mask = ops.expand_dims(attention_mask, 1)
+        scores = layout.scores_shape(
+            ((query.shape[0], 1) if single_query else query.shape), source, self.num_heads
+        )
+        attention_mask = layout.expand_mask(attention_mask, scores)
+        if not layout.identity:
+            attention_mask = layout.flatten_attention_mask(attention_mask, query, value)
+        return attention_mask
+
+    @staticmethod
+    def _check_cache_arguments(value, key, cache_update_index, use_causal_mask):
+        """`ValueError` where a cached call's arguments do not fit its kind of cache."""
+        cross = cache_update_index is None
         if cross and (value is not None or key is not None):
             raise ValueError(
                 "With `cache_update_index=None` the cache holds the keys and values: "
@@ -620,72 +614,90 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             raise ValueError(
                 "`value` is required with a self-attention cache: it holds the new tokens."
             )
+
+    def _project_inputs(
+        self, query, value, key, query_mask, key_padding_mask, cache, cache_update_index
+    ):
+        """The rank-3 path's heads: `query (B, Tq, dq)` (or `(B, dq)`), padding masks `(B, T)`.
+
+        Checks the inputs (`keras_attn.layer_io.prepare_query`), zeroes the
+        padded steps, projects the heads and rotates the query and key heads
+        (from `cache_update_index` when cached). A self-attention cache gets
+        the new tokens' keys and values and is attended whole; a
+        cross-attention cache (`cache_update_index=None`) holds the keys and
+        values already.
+
+        Returns:
+            A `ProjectedHeads`.
+        """
+        cross = cache is not None and cache_update_index is None
         value_shape = (cache.key.shape[0], cache.length) if cross else value.shape
-        query, query_mask, _, single_query = prepare_query(
-            query, value, query_mask, value_mask, None, key=key, value_shape=value_shape
+        query, query_mask, _, _ = prepare_query(
+            query, value, query_mask, key_padding_mask, None, key=key, value_shape=value_shape
         )
         start, in_range = None, None  # the causal mask's query start; a tensor index's check
         if cross:
-            k, v, key_mask = cache.key, cache.value, masks.merge_masks(cache.valid, value_mask)
+            k, v = cache.key, cache.value
+            key_padding_mask = masks.merge_masks(cache.valid, key_padding_mask)
         else:
             key = value if key is None else key
             # Padded steps zeroed before the projections: nothing they hold reaches
             # a gradient of the kernels (dW = x^T dy).
-            key, value = masks.zero_padded(key, value_mask), masks.zero_padded(value, value_mask)
+            key = masks.zero_padded(key, key_padding_mask)
+            value = masks.zero_padded(value, key_padding_mask)
             index = 0 if cache_update_index is None else cache_update_index
             k = self._heads(self._rotate(self._key_dense(key), index))  # (B, g, Tv, dk)
             v = self._heads(self._value_dense(value))  # (B, g, Tv, dv)
-            key_mask = value_mask
-            if cached:  # write the new tokens, then attend over the whole cache
-                cache, in_range = write(cache, cache_update_index, k, v, value_mask)
-                k, v, key_mask, start = cache.key, cache.value, cache.valid, cache_update_index
+            if cache is not None:  # write the new tokens, then attend over the whole cache
+                cache, in_range = write(cache, cache_update_index, k, v, key_padding_mask)
+                k, v, key_padding_mask = cache.key, cache.value, cache.valid  # (B, g, S, d), (B, S)
+                start = cache_update_index
         q = self._heads(self._rotate(self._query_dense(query), 0 if start is None else start))
-        # A self-attention step: each new token is written valid and sees itself.
-        step = cached and not cross and all(m is None for m in (query_mask, value_mask, heads_mask))
-        spec = attn_ops.AttentionSpec(
-            mask=masks.merge_masks(masks.attention_heads_mask(key_mask), heads_mask),
-            is_causal=bool(use_causal_mask),
-            query_start=start,
-            window=self.sliding_window,
-            bias=None
-            if self.position_bias is None and attention_bias is None
-            else attn_ops.AttentionBias(self.position_bias, attention_bias),
-            dropout_rate=self.dropout,
-            seed=self.seed_generator,
-            training=training,
-            return_weights=return_scores,
-            every_row_sees_a_key=step,
-        )
+        return ProjectedHeads(query, q, k, v, query_mask, key_padding_mask, start, cache, in_range)
+
+    def _attend(self, q, k, v, spec):
+        """Attention of the query heads `q (B, h, Tq, dk)` over `k, v (B, g, S, d)` under `spec`.
+
+        Runs `keras_attn.ops.attention`, or, where a subclass overrides it,
+        Keras' hook `_compute_attention` (`_call_compute_attention`).
+
+        Returns:
+            `(heads (B, Tq, h, dv), weights (B, h, Tq, S) or None)`.
+        """
         if self._overrides_compute_attention():
-            heads, weights = self._call_compute_attention(q, k, v, spec, training, return_scores)
-        else:
-            heads, weights = attn_ops.attention(
-                q,
-                self._repeat_kv(k),  # (B, h, Tv, dk)
-                self._repeat_kv(v),
-                spec=spec,
-                implementation=self.implementation,
-                flash_attention=self._flash_attention,
-            )  # (B, h, Tq, dv), (B, h, Tq, Tv) or None
-            heads = transpose(heads, (0, 2, 1, 3))  # (B, Tq, h, dv)
+            return self._call_compute_attention(q, k, v, spec)
+        heads, weights = attn_ops.attention(
+            q,
+            self._repeat_kv(k),  # (B, h, S, dk)
+            self._repeat_kv(v),
+            spec=spec,
+            implementation=self.implementation,
+            flash_attention=self._flash_attention,
+        )  # (B, h, Tq, dv), (B, h, Tq, S) or None
+        return transpose(heads, (0, 2, 1, 3)), weights  # (B, Tq, h, dv)
+
+    def _project_output(self, projected, heads, weights, spec, attention_mask):
+        """The output projection of `heads (B, Tq, h, dv)`, with the rows that see no key zeroed.
+
+        `attention_mask` is the explicit `(B|1, h|1, Tq|1, S)` mask or `None`.
+        Returns `(output (B, Tq, *output_shape), weights)`.
+        """
         if self.use_gate:
-            heads = heads * ops.cast(self._gate_dense(query), heads.dtype)
+            heads = heads * ops.cast(self._gate_dense(projected.query), heads.dtype)
         output = self._output_dense(heads)  # (B, Tq, *output_shape)
-        if step:
+        if spec.every_row_sees_a_key:
             rows = None
         else:
             rows = spec.visible_query_rows(
-                dim(q, 2), dim(k, 2), query_mask, key_mask,
-                None if heads_mask is None else ops.any(heads_mask, axis=1),
+                dim(projected.q, 2), dim(projected.k, 2), projected.query_mask,
+                projected.key_padding_mask,
+                None if attention_mask is None else ops.any(attention_mask, axis=1),
             )  # fmt: skip
         # (B|1, Tq|1, 1): padded rows and rows that see nothing give zeros
         output, weights = zero_unseen_rows(output, weights, rows)
-        if in_range is not None:  # a tensor cache index past the end: NaN, never clamped
-            output = ops.where(in_range, output, ops.cast(float("nan"), output.dtype))
-        if single_query:
-            output = output[:, 0]
-            weights = None if weights is None else weights[..., 0, :]
-        return output, weights, cache
+        if projected.in_range is not None:  # a tensor cache index past the end: NaN, never clamped
+            output = ops.where(projected.in_range, output, ops.cast(float("nan"), output.dtype))
+        return output, weights
 
     def _compute_attention(
         self,
@@ -740,8 +752,11 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
     def _overrides_compute_attention(self):
         return type(self)._compute_attention is not MultiHeadAttention._compute_attention
 
-    def _call_compute_attention(self, q, k, v, spec, training, return_scores):
-        """An overriding `_compute_attention` on Keras' layout, with the combined mask."""
+    def _call_compute_attention(self, q, k, v, spec):
+        """An overriding `_compute_attention` on Keras' layout, with the combined mask.
+
+        The call's `training` and whether to return the weights are the spec's.
+        """
         if spec.bias is not None and (spec.bias.tensors or spec.bias.position_biases):
             raise ValueError(
                 f"{type(self).__name__} overrides `_compute_attention`, whose Keras contract "
@@ -755,19 +770,19 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                                            else 1, length, total))  # fmt: skip
             mask = mask[:, 0] if mask.shape[1] == 1 else mask  # (B, T, S) as Keras gives it
         to_keras = lambda x: transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, T, N, d)
-        self._return_attention_scores = bool(return_scores)
+        self._return_attention_scores = bool(spec.return_weights)
         return self._invoke_compute_attention(
             to_keras(q),
             to_keras(self._repeat_kv(k)),
             to_keras(self._repeat_kv(v)),
             mask,
-            training,
-            return_scores,
+            spec.training,
+            spec.return_weights,
         )
 
-    def _invoke_compute_attention(self, query, key, value, mask, training, return_scores):
+    def _invoke_compute_attention(self, query, key, value, mask, training, return_weights):
         """The override, called as `keras.layers.MultiHeadAttention.call` calls it."""
-        return self._compute_attention(query, key, value, mask, training, return_scores)
+        return self._compute_attention(query, key, value, mask, training, return_weights)
 
     def compute_output_spec(
         self, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None,

@@ -1,4 +1,4 @@
-"""The shapes of multi-head attention: constructor checks, attention axes, Keras' mask broadcast.
+"""The shapes of multi-head attention: head and axis checks, attention axes, Keras' mask broadcast.
 
 `keras.layers.MultiHeadAttention` takes inputs of any rank `(B, a_1, ..., a_n, d)`
 and attends over some of their axes (`attention_axes`); the other axes are
@@ -12,38 +12,39 @@ positions, so the weights are the same.
 import functools
 import math
 
-import numpy as np
 from keras import ops
 
+from keras_attn.arguments import check_positive_int, is_int
 from keras_attn.masks import check_mask_broadcast
 
 
-def _is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+def check_key_value_heads(num_key_value_heads, num_heads, heads_name="num_heads", allow_none=True):
+    """`num_key_value_heads` as a Python int (`None` if `allow_none`: one per query head).
 
-
-def check_size(name, value, allow_none=False):
-    """A positive integer argument, as a Python int (Keras' tests match "argument `name`")."""
-    if value is None and allow_none:
-        return None
-    if not _is_int(value) or value <= 0:
-        default = " (or None, the default)" if allow_none else ""
+    `ValueError` unless it is a positive integer that divides `num_heads` (the
+    query heads, named `heads_name` in the message: `num_query_heads` in Keras'
+    GQA): the query heads share the key/value heads in groups of equal size.
+    """
+    kv_heads = check_positive_int("num_key_value_heads", num_key_value_heads, allow_none)
+    if num_heads % (kv_heads or num_heads):
         raise ValueError(
-            f"The argument `{name}` must be a positive integer. Received: {name}={value!r}"
-            + default
+            f"`{heads_name}` must be divisible by `num_key_value_heads`: the query heads share "
+            "the key/value heads in groups of equal size, so `num_key_value_heads` must divide "
+            f"`{heads_name}`. Received: num_key_value_heads={num_key_value_heads}, "
+            f"{heads_name}={num_heads}"
         )
-    return int(value)
+    return kv_heads
 
 
 def check_output_shape(output_shape):
     """`output_shape` (None, an int, or a tuple or list of ints) as a tuple of ints or None."""
     if output_shape is None:
         return None
-    shape = (output_shape,) if _is_int(output_shape) else output_shape
+    shape = (output_shape,) if is_int(output_shape) else output_shape
     if (
         not isinstance(shape, (tuple, list))
         or not shape
-        or not all(_is_int(d) and d > 0 for d in shape)
+        or not all(is_int(d) and d > 0 for d in shape)
     ):
         raise ValueError(
             f"Invalid `output_shape`: {output_shape!r}. When specified, `output_shape` must "
@@ -57,8 +58,8 @@ def check_attention_axes(attention_axes):
     """`attention_axes` (None, an int, or a tuple or list of ints) as a tuple or None."""
     if attention_axes is None:
         return None
-    axes = (attention_axes,) if _is_int(attention_axes) else attention_axes
-    if not isinstance(axes, (tuple, list)) or not axes or not all(_is_int(a) for a in axes):
+    axes = (attention_axes,) if is_int(attention_axes) else attention_axes
+    if not isinstance(axes, (tuple, list)) or not axes or not all(is_int(a) for a in axes):
         raise ValueError(
             "`attention_axes` must be None, an int, or a tuple (or list) of ints. "
             f"Received: attention_axes={attention_axes!r}"
@@ -77,7 +78,7 @@ def check_key_value_shapes(value_shape, key_shape):
 
 def _product(dims):
     """The product of dimensions that are ints or scalar tensors (1 for none)."""
-    if all(_is_int(d) for d in dims):
+    if all(is_int(d) for d in dims):
         return math.prod(dims)
     total = 1
     for d in dims:

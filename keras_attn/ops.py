@@ -237,21 +237,37 @@ def choose_implementation(
     return kernels.choose(spec, scores_shape, implementation, flash_attention).name
 
 
+class _Default:
+    """The default of a keyword of `attention` that a spec replaces: shown as its value
+    (`help(attention)` reads `mask=None`), told apart from the same value passed."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+_NONE, _FALSE, _TRUE, _ZERO = _Default(None), _Default(False), _Default(True), _Default(0.0)
+
+
 def attention(
     query: TensorLike,
     key: TensorLike,
     value: TensorLike,
-    mask: TensorLike | None = None,
-    is_causal: bool = False,
-    dropout_rate: float = 0.0,
-    scale: float | None = None,
-    training: bool | None = False,
-    seed: int | random.SeedGenerator | None = None,
+    mask: TensorLike | None = _NONE,
+    is_causal: bool = _FALSE,
+    dropout_rate: float = _ZERO,
+    scale: float | None = _NONE,
+    training: bool | None = _FALSE,
+    seed: int | random.SeedGenerator | None = _NONE,
     implementation: str = "auto",
-    return_weights: bool = True,
-    query_start: Length | None = None,
-    window: int | None = None,
-    bias: TensorLike | tuple | AttentionBias | None = None,
+    return_weights: bool = _TRUE,
+    query_start: Length | None = _NONE,
+    window: int | None = _NONE,
+    bias: TensorLike | tuple | AttentionBias | None = _NONE,
     flash_attention: bool | None = None,
     *,
     spec: AttentionSpec | None = None,
@@ -307,7 +323,7 @@ def attention(
         flash_attention: `None` lets `"auto"` decide, `True` forces the
             backend's kernel, `False` keeps `"auto"` off it.
         spec: the call as one `keras_attn.AttentionSpec`, in place of
-            the keywords from `mask` to `bias`.
+            the keywords from `mask` to `bias` (all but `implementation`).
 
     Returns:
         `(output, weights)`: output `(..., Tq, dv)`, weights `(..., Tq, Tv)`
@@ -321,7 +337,8 @@ def attention(
             ranks, a `mask` whose static shape does not broadcast to
             `(..., Tq, Tv)`, mismatched widths, a kernel that cannot give
             what the call asks (see `keras_attn.kernels.choose`).
-        ValueError: also a float `mask` holding values other than 0 and 1.
+        ValueError: also a float `mask` holding values other than 0 and 1, and
+            a `spec` with any keyword from `mask` to `bias` (all but `implementation`).
         TypeError: a non-numeric or ragged `mask`; a `bias` that is neither a float tensor
             nor a position bias.
 
@@ -340,18 +357,34 @@ def attention(
     >>> print(keras.ops.convert_to_numpy(w[0, 0] > 0).astype(int)[3])
     [0 0 1 1 0 0]
     """
+    keywords = {
+        "mask": mask,
+        "is_causal": is_causal,
+        "dropout_rate": dropout_rate,
+        "scale": scale,
+        "training": training,
+        "seed": seed,
+        "return_weights": return_weights,
+        "query_start": query_start,
+        "window": window,
+        "bias": bias,
+    }
+    given = [name for name, keyword in keywords.items() if not isinstance(keyword, _Default)]
+    if spec is not None and given:
+        raise ValueError(
+            "`spec` replaces the keywords from `mask` to `bias` (all but `implementation`): pass "
+            f"one or the other. Received: spec and {', '.join(given)}"
+        )
     if spec is None:
+        values = {
+            name: keyword.value if isinstance(keyword, _Default) else keyword
+            for name, keyword in keywords.items()
+        }
         spec = AttentionSpec(
-            mask=as_bool_mask(mask),
-            is_causal=bool(is_causal),
-            query_start=query_start,
-            window=check_window(window),
-            bias=bias,
-            scale=scale,
-            dropout_rate=dropout_rate,
-            seed=seed,
-            training=training,
-            return_weights=return_weights,
+            mask=as_bool_mask(values.pop("mask")),
+            is_causal=bool(values.pop("is_causal")),
+            window=check_window(values.pop("window")),
+            **values,
         )
     check_qkv(query, key, value, same_widths=spec.score is None)
     scores_shape = (*query.shape[:-1], key.shape[-2])

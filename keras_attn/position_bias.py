@@ -22,6 +22,39 @@ from keras_attn._typing import InitializerLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_positive_number
 
 
+def check_position_bias(layer, num_heads):
+    """`layer` if it is a position bias for `num_heads` query heads, else an error.
+
+    `None` passes. `TypeError` unless `layer` is a layer with a `position_bias`
+    method (a `PositionBias`, or a layer written as one); `ValueError` unless
+    it gives one bias per query head (`check_heads`).
+    """
+    if layer is not None and (
+        not isinstance(layer, keras.layers.Layer) or not hasattr(layer, "position_bias")
+    ):
+        raise TypeError(
+            "`position_bias` must be None or a layer such as keras_attn.AlibiBias(). "
+            f"Received: position_bias={layer!r}"
+        )
+    check_heads(layer, num_heads)
+    return layer
+
+
+def check_heads(bias, num_heads):
+    """`ValueError` unless the position bias `bias` gives one bias per query head.
+
+    A bias with heads of its own (`bias.num_heads`: a learned table, as
+    `RelativePositionBias`) must have `num_heads`; one without them (ALiBi's
+    slopes follow the scores' heads), or an unknown `num_heads` (`None`), passes.
+    """
+    bias_heads = getattr(bias, "num_heads", None)
+    if bias_heads is not None and num_heads is not None and bias_heads != num_heads:
+        raise ValueError(
+            "`position_bias` must have one bias per query head. Received: "
+            f"position_bias.num_heads={bias_heads}, num_heads={num_heads}"
+        )
+
+
 class PositionBias(keras.layers.Layer):
     """Base class of the position biases: `bias = f(query positions, key positions)`.
 
@@ -304,11 +337,7 @@ class RelativePositionBias(PositionBias):
         )
 
     def position_bias(self, query_positions, key_positions, parameters=(), num_heads=None):
-        if num_heads is not None and num_heads != self.num_heads:
-            raise ValueError(
-                f"This RelativePositionBias has {self.num_heads} heads; the attention has "
-                f"{num_heads}. Received: num_heads={num_heads}"
-            )
+        check_heads(self, num_heads)
         table = ops.cast(parameters[0] if parameters else self.table, "float32")
         values = ops.take(table, self._buckets(query_positions, key_positions), axis=0)
         return ops.transpose(values, (2, 0, 1))  # (h, Tq, Tk)

@@ -1,11 +1,10 @@
 """Rotary position embedding (RoPE): keras-hub's arguments, two channel layouts."""
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
-from keras_attn.arguments import check_floating, check_positive_number
+from keras_attn.arguments import check_floating, check_positive_number, is_int
 from keras_attn.positional import (
     PositionLayer,
     check_min_rank,
@@ -18,9 +17,47 @@ LAYOUTS = ("half", "interleaved")
 
 
 def _check_axis(name, value):
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+    if not is_int(value):
         raise TypeError(f"`{name}` must be an int. Received: {name}={value!r}")
     return int(value)
+
+
+def check_rotary_embedding(layer, key_dim=None):
+    """`layer` if it rotates heads as `keras_attn.RotaryEmbedding` does, else an error.
+
+    Accepted: `None`, and layers of a class named `RotaryEmbedding` or
+    derived from one (ours, keras-hub's, a user's own), whose call takes
+    `(x, start_index=0)` on `(B, T, h, d)` and keeps its shape. Any other layer
+    (a positional encoding, a bias, a `Dense`) would replace or reshape the
+    query and key heads: `TypeError`. With `key_dim` (the width `d` of the
+    heads it rotates): `ValueError` unless `key_dim` is even and the layer's
+    `sequence_axis` and `feature_axis` are those of the heads (1 and -1).
+    """
+    names = {c.__name__ for c in type(layer).__mro__}
+    if layer is not None and not (
+        isinstance(layer, keras.layers.Layer) and "RotaryEmbedding" in names
+    ):
+        raise TypeError(
+            "`rotary_embedding` must be None or a rotary embedding layer: "
+            "keras_attn.RotaryEmbedding (or keras-hub's, or a subclass), called as "
+            "`layer(x, start_index=...)` on the heads. "
+            f"Received: rotary_embedding of type {type(layer).__name__}"
+        )
+    if layer is None or key_dim is None:
+        return layer
+    if key_dim % 2:
+        raise ValueError(
+            "`key_dim` must be even to rotate pairs of features with "
+            f"`rotary_embedding`. Received: key_dim={key_dim}"
+        )
+    axes = (getattr(layer, "sequence_axis", 1), getattr(layer, "feature_axis", -1))
+    if axes[0] not in (1, -3) or axes[1] not in (-1, 3):
+        raise ValueError(
+            "`rotary_embedding` rotates the heads (B, T, h, d): its `sequence_axis` must be "
+            "1 and its `feature_axis` -1. Received: "
+            f"sequence_axis={axes[0]}, feature_axis={axes[1]}"
+        )
+    return layer
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")

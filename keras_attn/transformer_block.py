@@ -26,9 +26,10 @@ from keras_attn.arguments import (
     sublayer_seed,
 )
 from keras_attn.layer_io import QueryMaskOutput
-from keras_attn.multi_head_attention import MultiHeadAttention, check_rotary_embedding
+from keras_attn.multi_head_attention import MultiHeadAttention
+from keras_attn.multi_head_shapes import check_key_value_heads
 from keras_attn.position_bias import PositionBias
-from keras_attn.rotary import RotaryEmbedding
+from keras_attn.rotary import RotaryEmbedding, check_rotary_embedding
 
 BLOCK_ARGS = """
     Args:
@@ -70,6 +71,19 @@ def implicit_mask(x):
     """The Keras mask `x` carries (`_keras_mask`, set by an `Embedding(mask_zero=True)` or a
     `Masking` layer before it), or `None`: what Keras itself hands a layer as `mask`."""
     return get_keras_mask(x)
+
+
+def attention_results(layer, *args, return_attention_scores=False, cache=None, **kwargs):
+    """`layer(*args, ...)` (a `MultiHeadAttention`) as `(output, weights or None, cache or None)`.
+
+    The layer returns `output`, `(output, weights)`, `(output, cache)` or
+    `(output, weights, cache)`, after what it was asked for.
+    """
+    outputs = layer(*args, return_attention_scores=return_attention_scores, cache=cache, **kwargs)
+    if not return_attention_scores and cache is None:
+        return outputs, None, None
+    weights = outputs[1] if return_attention_scores else None
+    return outputs[0], weights, outputs[-1] if cache is not None else None
 
 
 class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
@@ -115,21 +129,9 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
             else check_rate("attention_dropout", attention_dropout)
         )
         self.key_dim = check_positive_int("key_dim", key_dim, allow_none=True)
-        self.num_key_value_heads = check_positive_int(
-            "num_key_value_heads", num_key_value_heads, allow_none=True
-        )
-        if num_heads % (num_key_value_heads or num_heads):
-            raise ValueError(
-                "`num_key_value_heads` must divide `num_heads`. Received: "
-                f"num_key_value_heads={num_key_value_heads}, num_heads={num_heads}"
-            )
+        self.num_key_value_heads = check_key_value_heads(num_key_value_heads, self.num_heads)
         self.rotary_embedding = check_rotary_embedding(rotary_embedding)
-        if implementation not in attn_ops.IMPLEMENTATIONS:
-            raise ValueError(
-                f"`implementation` must be one of {attn_ops.IMPLEMENTATIONS}. "
-                f"Received: implementation={implementation!r}"
-            )
-        self.implementation = implementation
+        self.implementation = attn_ops.check_implementation(implementation)
         self.position_bias = position_bias
         self.sliding_window = masks.check_window(sliding_window, "sliding_window")
         self.seed = seed
@@ -269,19 +271,49 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
             self._feedforward_layer_norm = self._layer_norm(shape, "feedforward_layer_norm")
         self._feedforward_dropout = self._dropout("feedforward_dropout")
 
-    def _residual(self, x, norm, dropout, sublayer, training):
-        """Post-norm `norm(x + drop(f(x)))`, or pre-norm `x + drop(f(norm(x)))`."""
-        y = sublayer(norm(x) if self.normalize_first else x)
+    # Add & Norm, around a sublayer `f`: post-norm `norm(x + drop(f(x)))`, or pre-norm
+    # `x + drop(f(norm(x)))`. In two halves, so that a sublayer's other results (weights,
+    # caches) come back to the caller as they are: `f` reads `_residual_input(x, norm)`,
+    # and `_residual(x, f(...), norm, dropout, training)` is the sublayer's output.
+
+    def _residual_input(self, x, norm):
+        """What a sublayer reads: `norm(x)` pre-norm, `x` post-norm."""
+        return norm(x) if self.normalize_first else x
+
+    def _residual(self, x, y, norm, dropout, training):
+        """`x` plus its sublayer's output `y`: post-norm `norm(x + drop(y))`, pre `x + drop(y)`."""
         x = x + dropout(y, training=training)
         return x if self.normalize_first else norm(x)
 
-    def _feedforward_residual(self, x, training):
-        def feedforward(y):
-            return self._feedforward_output_dense(self._feedforward_intermediate_dense(y))
+    def _self_attention(
+        self, x, mask, attention_mask, use_causal_mask, return_attention_scores, training,
+        cache=None, cache_update_index=None,
+    ):  # fmt: skip
+        """`(output, weights or None, cache or None)`: `x` attending to itself.
 
-        return self._residual(
-            x, self._feedforward_layer_norm, self._feedforward_dropout, feedforward, training
+        `mask` (bool `(B, T)` or `None`) is the padding of `x`, as queries and
+        as keys; the other arguments are `MultiHeadAttention`'s. Weights only
+        when asked: without them the attention may take a fast path.
+        """
+        return attention_results(
+            self._self_attention_layer,
+            x,
+            x,
+            query_mask=mask,
+            value_mask=mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            cache=cache,
+            cache_update_index=cache_update_index,
         )
+
+    def _feedforward_residual(self, x, training):
+        norm = self._feedforward_layer_norm
+        y = self._feedforward_intermediate_dense(self._residual_input(x, norm))
+        y = self._feedforward_output_dense(y)
+        return self._residual(x, y, norm, self._feedforward_dropout, training)
 
     def compute_output_shape(self, *shapes, **kwargs):
         return tuple(shapes[0])

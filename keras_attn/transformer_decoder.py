@@ -1,48 +1,13 @@
 """`TransformerDecoder`: masked self-attention, cross-attention, feed-forward."""
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_attn import masks
-from keras_attn._execution import transpose
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_dim, check_rank
-from keras_attn.cache import KVCache, as_kv_cache, positions_between, write
-from keras_attn.transformer_block import BLOCK_ARGS, TransformerBlock
-
-
-def _is_stacked(cache):
-    """Whether `cache` is in keras-hub's form, one `(B, 2, S, g, d)` tensor (else a `KVCache`)."""
-    return cache is not None and not isinstance(cache, (tuple, list))
-
-
-def _from_stacked(name, cache, valid):
-    """keras-hub's `(B, 2, S, g, d)` cache as a `KVCache` (heads first), valid where `valid`."""
-    check_rank(name, cache.shape, (5,))
-    if cache.shape[1] not in (None, 2):
-        raise ValueError(
-            f"`{name}` in keras-hub's form must have shape (batch, 2, length, heads, head_dim) "
-            f"(keys and values stacked on axis 1). Received: {name}.shape={tuple(cache.shape)}"
-        )
-    key, value = (transpose(cache[:, i], (0, 2, 1, 3)) for i in (0, 1))  # (B, g, S, d)
-    return KVCache(key, value, valid)
-
-
-def _to_stacked(cache):
-    """A `KVCache` in keras-hub's form `(B, 2, S, g, d)`; which positions are valid is lost."""
-    return ops.stack([transpose(c, (0, 2, 1, 3)) for c in (cache.key, cache.value)], axis=1)
-
-
-def _written(cache, index):
-    """bool `(B, S)`: the positions of a keras-hub cache before `index` (taken as real tokens)."""
-    batch, length = cache.shape[0], cache.shape[2]
-    if all(isinstance(n, int) and not isinstance(n, bool) for n in (batch, length, index)):
-        # one constant, not six ops a step
-        return np.broadcast_to(positions_between(0, index, length), (batch, length))
-    shape = ops.shape(cache)  # once: traced on TensorFlow, each call is a Shape op and slices
-    before = ops.arange(shape[2], dtype="int32") < ops.cast(index, "int32")
-    return ops.broadcast_to(ops.expand_dims(before, 0), (shape[0], shape[2]))
+from keras_attn.cache import KVCache, as_kv_cache, is_stacked, write, written_before
+from keras_attn.transformer_block import BLOCK_ARGS, TransformerBlock, attention_results
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -201,30 +166,73 @@ class TransformerDecoder(TransformerBlock):
                 "decoding with a cache, `cross_attention_cache`)."
             )
 
-    def _cross_cache(self, encoder_sequence, source_mask, cache, index, stacked):
-        """The source's `KVCache` of a cached call: computed, written at `index`, or reused."""
-        if cache is None or index is not None:
-            fresh = self._cross_attention_layer.compute_cache(
-                encoder_sequence, value_mask=source_mask
-            )
-            if cache is None:
-                return fresh
-        reused_mask = source_mask is not None and index is None
-        if reused_mask:
-            length = cache.shape[2] if stacked else as_kv_cache(cache).length
+    def _caches_in(self, self_cache, index, cross_cache, source_mask, cross_index):
+        """The caches of a call as `KVCache`s: keras-hub's stacked tensors converted, once.
+
+        A stacked self-attention cache is valid before `index`; a stacked
+        cross-attention cache where the source's padding mask is when it is
+        reused (`cross_index` `None`), everywhere else. A `KVCache` reused
+        with a new source mask merges it with the one it keeps.
+        """
+        if is_stacked(self_cache):
+            check_rank("self_attention_cache", self_cache.shape, (5,))  # before its length is read
+            valid = written_before(self_cache, index)
+            self_cache = KVCache.from_stacked(self_cache, valid, name="self_attention_cache")
+        if cross_cache is None:
+            return self_cache, None
+        reused_mask = source_mask if cross_index is None else None
+        stacked = is_stacked(cross_cache)
+        if reused_mask is not None:
+            length = cross_cache.shape[2] if stacked else as_kv_cache(cross_cache).length
             check_dim("encoder_padding_mask", source_mask.shape[1],
                       "cross_attention_cache", length, "length")  # fmt: skip
         if stacked:
-            shape = ops.shape(cache)
-            valid = source_mask if reused_mask else ops.ones((shape[0], shape[2]), "bool")
-            cache = _from_stacked("cross_attention_cache", cache, valid)
-        else:
-            cache = as_kv_cache(cache)
-            if reused_mask:  # a new mask merges with the one the cache keeps
-                cache = cache._replace(valid=ops.logical_and(cache.valid, source_mask))
-        if index is None:
+            return self_cache, KVCache.from_stacked(
+                cross_cache, reused_mask, name="cross_attention_cache"
+            )
+        cross_cache = as_kv_cache(cross_cache)
+        if reused_mask is not None:
+            cross_cache = cross_cache._replace(
+                valid=ops.logical_and(cross_cache.valid, reused_mask)
+            )
+        return self_cache, cross_cache
+
+    def _cross_cache(self, encoder_sequence, source_mask, cache, index):
+        """The source's `KVCache` of a cached call: computed, written at `index`, or reused."""
+        if cache is not None and index is None:
             return cache
+        fresh = self._cross_attention_layer.compute_cache(encoder_sequence, value_mask=source_mask)
+        if cache is None:
+            return fresh
         return write(cache, index, fresh.key, fresh.value, fresh.valid)[0]
+
+    def _cross_attention(
+        self, x, source, source_mask, mask, attention_mask, return_attention_scores, training,
+        cache,
+    ):  # fmt: skip
+        """`(output, weights or None)`: `x` attending to the source, or to its `cache`."""
+        if cache is None:
+            output, weights, _ = attention_results(
+                self._cross_attention_layer,
+                x,
+                source,
+                query_mask=mask,
+                value_mask=source_mask,
+                attention_mask=attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+            )
+        else:  # the cache's `valid` is the source's padding mask
+            output, weights, _ = attention_results(
+                self._cross_attention_layer,
+                x,
+                query_mask=mask,
+                attention_mask=attention_mask,
+                return_attention_scores=return_attention_scores,
+                training=training,
+                cache=cache,
+            )
+        return output, weights
 
     def call(
         self,
@@ -243,6 +251,7 @@ class TransformerDecoder(TransformerBlock):
         return_attention_scores: bool = False,
     ) -> TensorLike | tuple[TensorLike, ...]:
         cached = self_attention_cache is not None
+        cross = self._cross_attention_layer is not None
         self._check_sources(
             encoder_sequence, cross_attention_cache, cross_attention_cache_update_index, cached,
             self_attention_cache_update_index,
@@ -261,83 +270,45 @@ class TransformerDecoder(TransformerBlock):
             source_mask = masks.as_bool_mask(encoder_padding_mask, "encoder_padding_mask")
         decoder_sequence, decoder_mask = self._padding(decoder_sequence, decoder_padding_mask)
 
-        stacked = _is_stacked(self_attention_cache)
-        if stacked:
-            check_rank("self_attention_cache", self_attention_cache.shape, (5,))
-            valid = _written(self_attention_cache, self_attention_cache_update_index)
-            self_attention_cache = _from_stacked(
-                "self_attention_cache", self_attention_cache, valid
-            )
-        cross_stacked = _is_stacked(cross_attention_cache) or (
+        # keras-hub's caches in: `KVCache`s from here on, stacked again on the way out.
+        stacked = is_stacked(self_attention_cache)
+        cross_stacked = is_stacked(cross_attention_cache) or (
             stacked and cross_attention_cache is None
         )
-        if self._cross_attention_layer is not None and cached:
-            cross_attention_cache = self._cross_cache(
-                encoder_sequence, source_mask, cross_attention_cache,
-                cross_attention_cache_update_index, _is_stacked(cross_attention_cache),
+        self_cache, cross_cache = self._caches_in(
+            self_attention_cache, self_attention_cache_update_index, cross_attention_cache,
+            source_mask, cross_attention_cache_update_index,
+        )  # fmt: skip
+        if cross and cached:
+            cross_cache = self._cross_cache(
+                encoder_sequence, source_mask, cross_cache, cross_attention_cache_update_index
+            )
+
+        norm = self._self_attention_layer_norm
+        y, self_weights, self_cache = self._self_attention(
+            self._residual_input(decoder_sequence, norm), decoder_mask, decoder_attention_mask,
+            use_causal_mask, return_attention_scores, training, self_cache,
+            self_attention_cache_update_index,
+        )  # fmt: skip
+        x = self._residual(decoder_sequence, y, norm, self._self_attention_dropout, training)
+        if cross:
+            norm = self._cross_attention_layer_norm
+            y, cross_weights = self._cross_attention(
+                self._residual_input(x, norm), encoder_sequence, source_mask, decoder_mask,
+                encoder_attention_mask, return_attention_scores, training, cross_cache,
             )  # fmt: skip
-        weights, caches = [], []
-
-        def self_attend(x):
-            out = self._self_attention_layer(
-                x,
-                x,
-                query_mask=decoder_mask,
-                value_mask=decoder_mask,
-                attention_mask=decoder_attention_mask,
-                use_causal_mask=use_causal_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-                cache=self_attention_cache,
-                cache_update_index=self_attention_cache_update_index,
-            )
-            out = out if isinstance(out, tuple) else (out,)
-            weights.extend(out[1:2] if return_attention_scores else [])
-            caches.extend(out[2 if return_attention_scores else 1 :])
-            return out[0]
-
-        def cross_attend(x):
-            common = dict(
-                query_mask=decoder_mask,
-                attention_mask=encoder_attention_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            )
-            if cross_attention_cache is not None:
-                # The cache's `valid` is the source's padding mask.
-                out = self._cross_attention_layer(x, cache=cross_attention_cache, **common)[:-1]
-            else:
-                out = self._cross_attention_layer(
-                    x, encoder_sequence, value_mask=source_mask, **common
-                )
-                out = out if isinstance(out, tuple) else (out,)
-            weights.extend(out[1:2] if return_attention_scores else [])
-            return out[0]
-
-        x = self._residual(
-            decoder_sequence,
-            self._self_attention_layer_norm,
-            self._self_attention_dropout,
-            self_attend,
-            training,
-        )
-        if self._cross_attention_layer is not None:
-            x = self._residual(
-                x,
-                self._cross_attention_layer_norm,
-                self._cross_attention_dropout,
-                cross_attend,
-                training,
-            )
+            x = self._residual(x, y, norm, self._cross_attention_dropout, training)
         x = self._feedforward_residual(x, training)
+
         # None: the implicit mask passes through (Keras' `compute_mask`).
-        outputs = [self.with_output_mask(x, decoder_padding_mask)] + weights
+        outputs = (self.with_output_mask(x, decoder_padding_mask),)
+        if return_attention_scores:
+            outputs += (self_weights, cross_weights) if cross else (self_weights,)
         if cached:
-            outputs.append(_to_stacked(caches[0]) if stacked else caches[0])
-            if self._cross_attention_layer is not None:
-                cross = cross_attention_cache
-                outputs.append(_to_stacked(cross) if cross_stacked else cross)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+            outputs += (self_cache.to_stacked() if stacked else self_cache,)
+        if cached and cross:
+            outputs += (cross_cache.to_stacked() if cross_stacked else cross_cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
 
     def compute_output_spec(
         self,
@@ -359,7 +330,7 @@ class TransformerDecoder(TransformerBlock):
         output = keras.KerasTensor(decoder_sequence.shape, dtype=self.compute_dtype)
         outputs = [self.with_output_mask(output, decoder_padding_mask)]
         cross = self._cross_attention_layer
-        stacked = _is_stacked(self_attention_cache)
+        stacked = is_stacked(self_attention_cache)
         if stacked:
             cache_length = self_attention_cache.shape[2]
         elif self_attention_cache is not None:
@@ -367,7 +338,7 @@ class TransformerDecoder(TransformerBlock):
         if cross is not None and cross_attention_cache is not None:
             source_length = (
                 cross_attention_cache.shape[2]
-                if _is_stacked(cross_attention_cache)
+                if is_stacked(cross_attention_cache)
                 else as_kv_cache(cross_attention_cache).length
             )
         elif cross is not None:
@@ -401,7 +372,7 @@ class TransformerDecoder(TransformerBlock):
         if cross is not None:
             caches.append(cross_attention_cache)
         for cache in caches:
-            outputs.append(spec(cache) if _is_stacked(cache) else KVCache(*map(spec, cache)))
+            outputs.append(spec(cache) if is_stacked(cache) else KVCache(*map(spec, cache)))
         return tuple(outputs)
 
 

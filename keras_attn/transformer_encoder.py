@@ -85,31 +85,15 @@ class TransformerEncoder(TransformerBlock):
             "inputs", inputs, self._width, "padding_mask", padding_mask
         )
         inputs, padding_mask = self._padding(inputs, padding_mask)
-        weights = []
-
-        def attend(x):
-            # Weights only when asked: without them the attention may take a fast path.
-            out = self._self_attention_layer(
-                x,
-                x,
-                query_mask=padding_mask,
-                value_mask=padding_mask,
-                attention_mask=attention_mask,
-                use_causal_mask=use_causal_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            )
-            if not return_attention_scores:
-                return out
-            weights.append(out[1])
-            return out[0]
-
-        x = self._residual(
-            inputs, self._self_attention_layer_norm, self._self_attention_dropout, attend, training
-        )
+        norm = self._self_attention_layer_norm
+        y, weights, _ = self._self_attention(
+            self._residual_input(inputs, norm), padding_mask, attention_mask, use_causal_mask,
+            return_attention_scores, training,
+        )  # fmt: skip
+        x = self._residual(inputs, y, norm, self._self_attention_dropout, training)
         x = self._feedforward_residual(x, training)
         x = self.with_output_mask(x, padding_mask)  # None: the implicit mask passes through
-        return (x, weights[0]) if return_attention_scores else x
+        return (x, weights) if return_attention_scores else x
 
     def compute_output_spec(
         self,

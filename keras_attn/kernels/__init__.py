@@ -4,14 +4,16 @@
 
 `spec` is an `AttentionSpec` (mask, is_causal, query_start, window, bias,
 scale, score, dropout, return_weights, normalize), built once per call by
-`keras_attn.ops.attention`. Each kernel declares itself (`registry.Kernel`):
+`keras_attn.ops.attention`. Each kernel's module declares it (`registry.Kernel`)
+and registers it in the one table, `KERNELS` (imported below, so that every
+kernel registers; a new kernel is a new module and its import here):
 
-| kernel | weights | dropout | scores | memory | "auto" takes it |
+| kernel | weights | dropout | scores | memory | "auto" takes it (tried in `auto_rank` order) |
 |---|---|---|---|---|---|
-| `dense` | returned | yes | dot, blockwise, any | `O(Tq Tv)` | for what only it runs |
-| `fused` | - | - | dot | `O(Tq Tv)`, fewer passes | the default |
-| `chunked` | - | - | dot, blockwise | `O(Tq)` per block | from `CHUNKED_MIN_SCORES` |
-| `backend` | - | - | dot | the backend's | JAX on a GPU, torch (CPU: Tq > 1) |
+| `dense` | returned | yes | dot, blockwise, any | `O(Tq Tv)` | 4th: for what only it runs |
+| `fused` | - | - | dot | `O(Tq Tv)`, fewer passes | 3rd: the default |
+| `chunked` | - | - | dot, blockwise | `O(Tq)` per block | 2nd: from `CHUNKED_MIN_SCORES` |
+| `backend` | - | - | dot | the backend's | 1st: JAX on a GPU, torch (CPU: Tq > 1) |
 
 (`dense` alone returns the weights, applies dropout, takes a custom
 normalization and any score; `backend` is `keras.ops.dot_product_attention`.)
@@ -29,24 +31,27 @@ kernel's custom gradient goes through `keras_attn.kernels._gradient.custom_gradi
 every tensor it reads an argument (closed over, a tensor breaks `model.export` on JAX).
 """
 
+# Importing a kernel's module registers its kernel: backend, chunked, dense and fused here.
 from keras_attn.kernels import bias, finite, registry
-from keras_attn.kernels.backend import BACKEND, backend_attention
+from keras_attn.kernels.backend import backend_attention
 from keras_attn.kernels.bias import AttentionBias
-from keras_attn.kernels.chunked import CHUNKED, chunked_attention
-from keras_attn.kernels.dense import DENSE, dense_attention, masked_softmax, softmax
-from keras_attn.kernels.fused import FUSED, fused_attention
+from keras_attn.kernels.chunked import chunked_attention
+from keras_attn.kernels.dense import dense_attention, masked_softmax, softmax
+from keras_attn.kernels.fused import fused_attention
 from keras_attn.kernels.registry import (
     CHUNKED_MIN_SCORES,
-    IMPLEMENTATIONS,
+    KERNELS,
     Kernel,
     check_implementation,
     choose,
-    register,
+    implementations,
     score_kind,
 )
 from keras_attn.kernels.spec import AttentionSpec
 
-KERNELS = {kernel.name: register(kernel) for kernel in (DENSE, FUSED, CHUNKED, BACKEND)}
+# The names `implementation` takes, once every kernel above has registered:
+# ("auto", "dense", "fused", "chunked", "backend").
+IMPLEMENTATIONS = implementations()
 
 __all__ = [
     "CHUNKED_MIN_SCORES",

@@ -54,7 +54,7 @@ from keras_attn import masks
 from keras_attn._execution import transpose
 from keras_attn.kernels import finite
 from keras_attn.kernels._shapes import default_scale, dims, lengths, swap_last
-from keras_attn.kernels.registry import Kernel
+from keras_attn.kernels.registry import Kernel, register
 
 # Whether `"auto"` takes the backend kernel on torch with the CPU as its
 # device, for more than one query (or an unknown number), or one query that
@@ -367,11 +367,13 @@ BACKEND = Kernel(
     normalize=False,
     scores=("dot",),
     memory="the backend's",
+    auto_rank=0,
     # Where the backend and device prefer it, unless the call keeps it off (flash_attention
     # False) or has a position bias on large scores (evaluated whole here).
     wanted=lambda spec, shape, large, flash_attention: (
         flash_attention is None
         and preferred(shape, masked=sdpa_masked(spec, shape))
-        and not (spec.position_bias and large)
+        and not (spec.has_position_bias and large)
     ),
 )
+register(BACKEND)

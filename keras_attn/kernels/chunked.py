@@ -42,7 +42,7 @@ from keras_attn.kernels import bias as bias_lib
 from keras_attn.kernels import finite
 from keras_attn.kernels._gradient import custom_gradient
 from keras_attn.kernels._shapes import check_qkv, default_scale, dims, swap_last
-from keras_attn.kernels.registry import Kernel
+from keras_attn.kernels.registry import Kernel, register
 
 # Start of the running maximum: the lowest visible score (`keras_attn.masks.LOWEST`,
 # a bias is raised to it), 2^104 above the fill of masked scores, so exp(FILL - m)
@@ -471,5 +471,7 @@ CHUNKED = Kernel(
     normalize=False,
     scores=("dot", "blockwise"),
     memory="O(Tq) per key block",
+    auto_rank=1,
     wanted=lambda spec, shape, large, flash_attention: large,
 )
+register(CHUNKED)

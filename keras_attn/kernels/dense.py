@@ -11,7 +11,7 @@ from keras_attn import masks
 from keras_attn._execution import is_eager
 from keras_attn.kernels import finite
 from keras_attn.kernels._shapes import default_scale, lengths, swap_last
-from keras_attn.kernels.registry import Kernel
+from keras_attn.kernels.registry import Kernel, register
 
 
 def softmax(x, axis=-1):
@@ -112,4 +112,6 @@ DENSE = Kernel(
     normalize=True,
     scores=("dot", "blockwise", "any"),
     memory="O(Tq Tv)",
+    auto_rank=3,
 )
+register(DENSE)

@@ -28,7 +28,7 @@ from keras_attn.kernels import finite
 from keras_attn.kernels._gradient import custom_gradient
 from keras_attn.kernels._shapes import default_scale, lengths, swap_last
 from keras_attn.kernels.dense import softmax
-from keras_attn.kernels.registry import Kernel
+from keras_attn.kernels.registry import Kernel, register
 
 
 def fused_attention(query, key, value, spec):
@@ -131,4 +131,6 @@ FUSED = Kernel(
     normalize=False,
     scores=("dot",),
     memory="O(Tq Tv), fewer passes",
+    auto_rank=2,
 )
+register(FUSED)

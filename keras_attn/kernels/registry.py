@@ -1,10 +1,12 @@
-"""The kernels' declarations and the one choice among them.
+"""The kernels' declarations, their one table, and the one choice among them.
 
-Each kernel module declares a `Kernel`: its function and what it supports
-(the weights, dropout, a custom normalization, which scores, whether the
-backend and device prefer it). `choose` reads the declarations: an explicit
-`implementation` is checked against them, `"auto"` takes the first kernel of
-`AUTO_ORDER` that supports the call and wants it.
+Each kernel module declares a `Kernel` (its function and what it supports:
+the weights, dropout, a custom normalization, which scores, whether the
+backend and device prefer it, its place in `"auto"`'s order) and registers it
+in `KERNELS`; a new kernel is one new module (and its import in
+`keras_attn/kernels/__init__.py`). `choose` reads the declarations: an
+explicit `implementation` is checked against them, `"auto"` takes the first
+kernel, by `auto_rank`, that supports the call and wants it.
 """
 
 import dataclasses
@@ -13,7 +15,6 @@ from collections.abc import Callable
 
 from keras_attn.kernels.spec import AttentionSpec
 
-IMPLEMENTATIONS = ("auto", "dense", "fused", "chunked", "backend")
 # "auto" switches to the chunked kernel once the (..., Tq, Tv) scores would hold
 # 2^28 values (1 GiB in float32; a dense training step keeps about three such
 # tensors alive): e.g. 8 heads at B=1 from L=8192, at B=8 from L=2896.
@@ -46,6 +47,8 @@ class Kernel:
         normalize: takes a custom normalization (`spec.normalize`).
         scores: the score kinds it evaluates (`SCORE_KINDS`).
         memory: its working memory, for the docs.
+        auto_rank: its place in the order `"auto"` tries the kernels, lowest
+            first (one rank per kernel).
         wanted: `wanted(spec, shape, large, flash_attention) -> bool`, whether
             `"auto"` takes it for a call it supports (`shape`: the scores'
             `(..., Tq, Tv)`, `None` where unknown; `large`: they hold
@@ -59,6 +62,7 @@ class Kernel:
     normalize: bool
     scores: tuple
     memory: str
+    auto_rank: int
     wanted: Callable = lambda spec, shape, large, flash_attention: True
 
     def refusal(self, spec: AttentionSpec, kind: str | None = None) -> str | None:
@@ -94,19 +98,39 @@ class Kernel:
         return self.run(query, key, value, spec)
 
 
-_KERNELS: dict = {}
-# "auto" tries them in this order: the backend's kernel where the backend prefers it,
-# the chunked one for large scores, the fused one, then the dense one.
-AUTO_ORDER = ("backend", "chunked", "fused", "dense")
+# The table of kernels, by name: each kernel module registers its own. Kept in the reverse
+# of "auto"'s order, the reference kernel first (dense, fused, chunked, backend), as
+# `implementations()` lists them.
+KERNELS: dict[str, Kernel] = {}
 
 
 def register(kernel: Kernel) -> Kernel:
-    _KERNELS[kernel.name] = kernel
+    """Adds `kernel` to `KERNELS` (in place of a kernel of the same name) and returns it.
+
+    Raises:
+        ValueError: another kernel already holds its `auto_rank`.
+    """
+    for other in KERNELS.values():
+        if other.name != kernel.name and other.auto_rank == kernel.auto_rank:
+            raise ValueError(
+                f"Kernel {kernel.name!r} takes auto_rank={kernel.auto_rank}, which kernel "
+                f"{other.name!r} holds: each kernel has its own place in the order of 'auto'."
+            )
+    table = {**KERNELS, kernel.name: kernel}
+    KERNELS.clear()
+    KERNELS.update(sorted(table.items(), key=lambda item: -item[1].auto_rank))
     return kernel
 
 
+def implementations() -> tuple:
+    """The names `implementation` takes: `"auto"`, then every registered kernel's."""
+    return ("auto", *KERNELS)
+
+
 def _ordered():
-    return [_KERNELS[n] for n in AUTO_ORDER if n in _KERNELS]
+    """The kernels in the order `"auto"` tries them: the backend's kernel where the backend
+    prefers it, the chunked one for large scores, the fused one, then the dense one."""
+    return sorted(KERNELS.values(), key=lambda kernel: kernel.auto_rank)
 
 
 def check_implementation(
@@ -124,10 +148,10 @@ def check_implementation(
             or `"chunked"`, `False` with `"backend"`; a kernel without dropout with a
             dropout rate, or that does not run the score.
     """
-    if implementation not in IMPLEMENTATIONS:
+    names = implementations()
+    if implementation not in names:
         raise ValueError(
-            f"`implementation` must be one of {IMPLEMENTATIONS}. "
-            f"Received: implementation={implementation!r}"
+            f"`implementation` must be one of {names}. Received: implementation={implementation!r}"
         )
     if flash_attention and implementation not in ("auto", "backend"):
         raise ValueError(
@@ -144,7 +168,7 @@ def check_implementation(
         spec = AttentionSpec(
             dropout_rate=dropout_rate, training=True, score=score, return_weights=return_weights
         )
-        reason = _KERNELS[implementation].refusal(spec)
+        reason = KERNELS[implementation].refusal(spec)
         if reason is not None:
             raise ValueError(reason)
     return implementation
@@ -159,8 +183,8 @@ def choose(
     """The one choice of a kernel for `spec` on scores of `scores_shape` `(..., Tq, Tv)`.
 
     An explicit `implementation` (or `flash_attention=True`: `"backend"`) is
-    checked against its declaration. `"auto"` takes the first kernel of
-    `AUTO_ORDER` that supports the call (the weights, dropout, the
+    checked against its declaration. `"auto"` takes the first kernel, by
+    `auto_rank`, that supports the call (the weights, dropout, the
     normalization and the score) and wants it (`Kernel.wanted`): the backend's
     kernel where the backend and device prefer it (not with
     `flash_attention=False`, nor for a position bias on large scores: it
@@ -175,7 +199,7 @@ def choose(
     implementation = check_implementation(implementation, flash_attention)
     kind = score_kind(spec.score)
     if implementation != "auto":
-        kernel = _KERNELS[implementation]
+        kernel = KERNELS[implementation]
         reason = kernel.refusal(spec, kind)
         if reason is not None:
             raise ValueError(reason)

@@ -68,7 +68,7 @@ class AttentionSpec:
         return bool(self.dropout_rate) and not (self.training is None or self.training is False)
 
     @property
-    def position_bias(self) -> bool:
+    def has_position_bias(self) -> bool:
         """Whether the bias holds a position bias (a function of positions)."""
         return self.bias is not None and bool(self.bias.position_biases)
 
@@ -89,17 +89,22 @@ class AttentionSpec:
         return masks.merge_masks(self.mask, positions)
 
     def visible_query_rows(
-        self, query_length, value_length, query_mask=None, key_mask=None, attention_mask=None
+        self,
+        query_length,
+        value_length,
+        query_mask=None,
+        key_padding_mask=None,
+        attention_mask=None,
     ):
         """Which query rows see a key under this call's masks: `(B|1, Tq|1, 1)` bool, or `None`.
 
         `keras_attn.masks.visible_query_rows` with this spec's causal mask,
-        window and query start, for a layer's padding masks (`query_mask`,
-        `key_mask` `(B, T)`) and explicit `attention_mask` `(B|1, Tq, Tv)`:
-        the rows a layer zeroes after its output projection.
+        window and query start, for a layer's padding masks (`query_mask`
+        `(B, Tq)`, `key_padding_mask` `(B, Tv)`) and explicit `attention_mask`
+        `(B|1, Tq, Tv)`: the rows a layer zeroes after its output projection.
         """
         return masks.visible_query_rows(
-            query_length, value_length, query_mask, key_mask, attention_mask,
+            query_length, value_length, query_mask, key_padding_mask, attention_mask,
             self.is_causal, self.query_start, self.window,
         )  # fmt: skip
 

@@ -270,6 +270,51 @@ def test_cached_decoding_equals_full_pass(kv_heads, rotary, normalize_first, fir
     np.testing.assert_allclose(stepped, np_(full), atol=1e-5)
 
 
+def _structure(outputs):
+    """Each output's class, shape and dtype, in the outputs' nesting (a `KVCache` by name)."""
+    if isinstance(outputs, keras_attn.KVCache):
+        return ("KVCache", *(_structure(o) for o in outputs))
+    if isinstance(outputs, tuple):
+        return tuple(_structure(o) for o in outputs)
+    return tuple(outputs.shape), keras.backend.standardize_dtype(outputs.dtype)
+
+
+def _inputs(value, name):
+    """`keras.Input`s for a tensor or a `KVCache` of arrays (batch size kept)."""
+    if isinstance(value, keras_attn.KVCache):
+        return keras_attn.KVCache(*(_inputs(v, f"{name}_{f}") for f, v in value._asdict().items()))
+    dtype = keras.backend.standardize_dtype(value.dtype)
+    return keras.Input(batch_shape=tuple(value.shape), dtype=dtype, name=name)
+
+
+@pytest.mark.parametrize("form", ["kv_cache", "stacked"])
+@pytest.mark.parametrize("cross", [False, True])
+def test_a_functional_model_with_cached_inputs_builds_and_equals_the_block(form, cross):
+    """The symbolic outputs (`compute_output_spec`) have the eager call's structure."""
+    block = keras_attn.TransformerDecoderBlock(intermediate_dim=16, num_heads=2)
+    enc = ENC[:, :, :8]
+    block(X, enc if cross else None)
+    if form == "stacked":  # keras-hub's: (B, 2, S, heads, head_dim), the source's too
+        cache = rng.normal(size=(2, 2, 6, 2, 4)).astype("float32")
+        cross_cache = rng.normal(size=(2, 2, 5, 2, 4)).astype("float32")
+    else:
+        cache = block.empty_cache(2, 6)._replace(valid=np.array([[1, 1, 0, 0, 0, 0]] * 2, bool))
+        cross_cache = block.compute_cross_attention_cache(enc) if cross else None
+    arrays = {"decoder_sequence": X[:, 2:3], "self_attention_cache": cache}
+    if cross:
+        arrays.update(cross_attention_cache=cross_cache)
+        if form == "stacked":  # reused, valid where the source's padding mask is
+            arrays.update(encoder_sequence=enc, encoder_padding_mask=ENC_MASK)
+    arrays = keras.tree.map_structure(keras.ops.convert_to_tensor, arrays)
+    inputs = {name: _inputs(value, name) for name, value in arrays.items()}
+    symbolic = block(**inputs, self_attention_cache_update_index=2, return_attention_scores=True)
+    model = keras.Model(inputs, symbolic)
+    eager = block(**arrays, self_attention_cache_update_index=2, return_attention_scores=True)
+    assert _structure(symbolic) == _structure(eager)
+    for a, b in zip(keras.tree.flatten(model(arrays)), keras.tree.flatten(eager), strict=True):
+        np.testing.assert_allclose(np_(a), np_(b), atol=1e-5)
+
+
 def projection(mha, name):
     """`mha`'s `name` projection (`_key_dense`, or `key_dense` before Keras' names land)."""
     found = getattr(mha, f"_{name}_dense", None)

@@ -94,3 +94,33 @@ def test_a_causal_mask_on_a_cross_attention_cache_raises():
     mha(query, cache=cache)  # no causal mask: fine
     with pytest.raises(ValueError, match="use_causal_mask=True with a cross-attention cache"):
         mha(query, cache=cache, use_causal_mask=True)
+
+
+def test_a_stacked_cache_round_trips_through_kv_cache():
+    stacked = rng.normal(size=(2, 2, 5, 3, 4)).astype("float32")  # keras-hub's (B, 2, S, g, d)
+    valid = np.array([[1, 1, 0, 0, 0], [1, 0, 1, 0, 1]], bool)
+    cache = keras_attn.KVCache.from_stacked(t(stacked), t(valid))
+    np.testing.assert_array_equal(np_(cache.key), stacked[:, 0].transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(np_(cache.value), stacked[:, 1].transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(np_(cache.valid), valid)
+    np.testing.assert_array_equal(np_(cache.to_stacked()), stacked)
+    everywhere = keras_attn.KVCache.from_stacked(t(stacked))  # no `valid`: every position
+    np.testing.assert_array_equal(np_(everywhere.valid), np.ones((2, 5), bool))
+
+
+def test_keras_hubs_cache_is_valid_before_the_update_index():
+    from keras_attn.cache import written_before
+
+    stacked = t(np.zeros((2, 2, 5, 3, 4), "float32"))
+    expected = np.array([[1, 1, 1, 0, 0]] * 2, bool)
+    np.testing.assert_array_equal(np_(written_before(stacked, 3)), expected)  # a constant
+    np.testing.assert_array_equal(np_(written_before(stacked, t(3, "int32"))), expected)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 3, 4), (2, 3, 5, 3, 4)])
+def test_a_stacked_cache_of_a_bad_shape_raises_naming_the_argument(shape):
+    stacked = t(np.zeros(shape, "float32"))
+    with pytest.raises(ValueError, match="self_attention_cache"):
+        keras_attn.KVCache.from_stacked(stacked, name="self_attention_cache")
+    with pytest.raises(ValueError, match=r"`cache`"):  # by default, `cache`
+        keras_attn.KVCache.from_stacked(stacked)

@@ -402,8 +402,8 @@ def spy(monkeypatch):
         calls.append(1)
         return kernels.backend_attention(*args)
 
-    counting = dataclasses.replace(kernels.BACKEND, run=counted)
-    monkeypatch.setitem(kernels.registry._KERNELS, "backend", counting)
+    counting = dataclasses.replace(kernels.KERNELS["backend"], run=counted)
+    monkeypatch.setitem(kernels.KERNELS, "backend", counting)
     return calls
 
 

@@ -379,14 +379,14 @@ def test_mha_chunked_self_attention_single_query_and_mixed_precision():
 def record_kernels(monkeypatch):
     """The names of the kernels `ops.attention` runs, appended to a list as they run."""
     chosen = []
-    for name, kernel in list(kernels.registry._KERNELS.items()):
+    for name, kernel in list(kernels.KERNELS.items()):
 
         def recorded(*args, name=name, run=kernel.run):
             chosen.append(name)
             return run(*args)
 
         recording = dataclasses.replace(kernel, run=recorded)
-        monkeypatch.setitem(kernels.registry._KERNELS, name, recording)
+        monkeypatch.setitem(kernels.KERNELS, name, recording)
     return chosen
 
 

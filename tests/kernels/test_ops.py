@@ -1,5 +1,6 @@
 """keras_attn.ops against NumPy references and hand-computed cases."""
 
+import dataclasses
 import warnings
 
 import keras
@@ -225,3 +226,30 @@ def test_jax_jit_over_numpy_inputs_with_a_traced_mask_or_bias(implementation):
         expected, _ = attend(scaled_dot_scores(Q, K) + kwargs.get("bias", 0.0), V, kwargs["mask"]
                              if "mask" in kwargs else None)  # fmt: skip
         np.testing.assert_allclose(np_(jax.jit(fn)(*args)), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "keywords",
+    [dict(mask=None), dict(is_causal=False, training=False), dict(bias=np.zeros((3, 5), "f4"))],
+)
+def test_a_spec_with_any_keyword_it_replaces_raises_naming_them(keywords):
+    """A keyword passed with `spec=`, even one equal to its default, would be dropped."""
+    spec = ops.AttentionSpec(is_causal=True)
+    names = ", ".join(keywords)
+    with pytest.raises(ValueError, match=rf"`spec` replaces .*Received: spec and {names}$"):
+        ops.attention(Q, K, V, spec=spec, **keywords)
+    out, _ = ops.attention(Q, K, V, spec=spec, implementation="dense", flash_attention=False)
+    np.testing.assert_allclose(np_(out), np_(ops.attention(Q, K, V, is_causal=True)[0]))
+
+
+def test_the_kernels_table_lists_every_kernel_and_auto_tries_them_by_rank():
+    from keras_attn import kernels
+
+    assert ops.IMPLEMENTATIONS == kernels.IMPLEMENTATIONS == ("auto", *kernels.KERNELS)
+    assert ops.IMPLEMENTATIONS == ("auto", "dense", "fused", "chunked", "backend")
+    auto_order = [kernel.name for kernel in kernels.registry._ordered()]
+    assert auto_order == ["backend", "chunked", "fused", "dense"]
+    taken = dataclasses.replace(kernels.KERNELS["fused"], name="mine")
+    with pytest.raises(ValueError, match=r"Kernel 'mine' takes auto_rank=2, which kernel 'fused'"):
+        kernels.registry.register(taken)
+    assert list(kernels.KERNELS) == ["dense", "fused", "chunked", "backend"]

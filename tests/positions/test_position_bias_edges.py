@@ -75,3 +75,13 @@ def test_a_cross_attention_cache_with_query_positions_raises(options):
     cache = plain.compute_cache(source)
     steps = [np_(plain(queries[:, t : t + 1], cache=cache)[0]) for t in range(3)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_a_learned_bias_on_other_heads_raises_in_a_layer_and_in_ops_attention():
+    bias = keras_attn.RelativePositionBias(num_heads=4)
+    message = r"`position_bias` must have one bias per query head\. Received: "
+    with pytest.raises(ValueError, match=message + r"position_bias\.num_heads=4, num_heads=2"):
+        keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, position_bias=bias)
+    q = rng.normal(size=(1, 2, 3, 4)).astype("float32")  # (B, h, T, d): 2 heads
+    with pytest.raises(ValueError, match=message + r"position_bias\.num_heads=4, num_heads=2"):
+        keras_attn.ops.attention(q, q, q, bias=bias)
