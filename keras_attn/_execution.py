@@ -41,8 +41,9 @@ def is_eager(*tensors) -> bool:
     TensorFlow: executing eagerly (not inside a `tf.function`). JAX: no
     tensor is a tracer (inside `jax.jit`, `jax.grad`, `jax.vmap` they are)
     and no transformation is tracing (inside `jax.jit`, ops on NumPy arrays
-    or concrete arrays give tracers too). torch: not inside `torch.compile`.
-    Other backends: `False`.
+    or concrete arrays give tracers too). torch: not inside `torch.compile`,
+    and no tensor is a meta tensor (Keras' symbolic calls, `compute_output_spec`,
+    run on those: shapes, no values). Other backends: `False`.
     """
     backend = keras.backend.backend()
     if backend == "tensorflow":
@@ -55,6 +56,8 @@ def is_eager(*tensors) -> bool:
     if backend == "torch":
         import torch
 
+        if any(getattr(t, "is_meta", False) for t in tensors):
+            return False
         return not torch.compiler.is_compiling()
     return False
 

@@ -196,6 +196,28 @@ def test_all_finite_is_numpys_isfinite_and_an_overflowing_sum_takes_the_guard(dt
                 assert np_(key)[1, 2, 3] == 0
 
 
+def test_a_symbolic_torch_call_takes_the_guard_not_the_eager_shortcut():
+    """Keras' symbolic calls on torch (`compute_output_spec`) run on meta tensors, which hold no
+    values: `is_eager` says so, and the non-finite guard builds its ops instead of reading a
+    value. (`.item()` on a meta tensor raised, and Keras ran the call again on real tensors.)"""
+    if keras.backend.backend() != "torch":
+        pytest.skip("meta tensors are torch's")
+    import torch
+
+    assert not _execution.is_eager(torch.empty((2, 5, 4), device="meta"))
+    assert _execution.is_eager(torch.ones(2))
+    runs = []
+
+    class Attend(keras.layers.Layer):  # no compute_output_spec: Keras runs `call` symbolically
+        def call(self, q):
+            runs.append(q.is_meta)
+            return keras_attn.ops.attention(q, q, q, is_causal=True, return_weights=False)[0]
+
+    output = Attend()(keras.Input((3, 4), batch_size=2))  # a functional model's first step
+    assert tuple(output.shape) == (2, 3, 4)
+    assert runs == [True]  # once, on meta tensors: no second run on real ones
+
+
 @pytest.mark.parametrize("axes", [(0, 2, 1, 3), (0, 1, 3, 2), (3, 1, 0, 2), (1, 0)])
 def test_transpose_is_numpys_eagerly_traced_and_on_arrays(axes):
     """`_execution.transpose` (an einsum on eager TensorFlow) permutes as `np.transpose` does."""
