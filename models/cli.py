@@ -42,7 +42,8 @@ outputs (OUTPUT is ./{OUTPUT} unless --output says otherwise):
   OUTPUT/TASK.keras             the trained model, text tasks with their vocabularies (reload
                                 it after `import keras_attn.models`)
   OUTPUT/TASK_savedmodel/       a SavedModel for serving, text in and out for text tasks
-                                (--export DIR instead)
+                                (--export DIR instead; none for a text task trained on
+                                another backend than TensorFlow)
   OUTPUT/TASK_attention.png     attention weights of one test example (--plot FILE instead;
                                 none for a model without attention)
   OUTPUT/TASK_metrics.json      the test metrics (translation: `bleu`, corpus BLEU of the
@@ -122,6 +123,19 @@ def _sizes(text):
     return text
 
 
+def _mesh(text):
+    """`--mesh`: `"BATCHxMODEL"`, two positive integers, e.g. `"2x4"`, kept as the string."""
+    try:
+        sizes = [int(part) for part in text.lower().split("x")]
+    except ValueError:
+        sizes = []
+    if len(sizes) != 2 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be BATCHxMODEL, two positive integers, e.g. 2x4. Received: {text!r}"
+        )
+    return text
+
+
 def _version():
     """The installed keras-attn's version, read without importing it (and TensorFlow)."""
     try:
@@ -175,6 +189,15 @@ def _parser():
         choices=["mirrored", "multi-worker"],
         help="tf.distribute: all local devices, or the workers named by TF_CONFIG "
         "(default: one device)",
+    )
+    add(
+        "--mesh",
+        type=_mesh,
+        metavar="BATCHxMODEL",
+        help="JAX: model parallel on a device mesh, e.g. 2x4: each batch split over BATCH "
+        "devices, each copy of the Transformer's weights over MODEL (heads, feed-forward, "
+        "embeddings: keras.distribution.ModelParallel with keras_attn.models.layout_map); "
+        "transformer-lm (default: one device)",
     )
     add(
         "--pooling", choices=["attention", "mean"],
@@ -271,7 +294,7 @@ def _flag_error(args, recipes):
     if args.task not in recipes.TASKS:
         return f"unknown task {args.task!r}; see `keras-attn list`"
     run = recipes.TASKS[args.task][1]
-    for flag in ("n", "eval_n", "pooling", "attention", "baseline"):
+    for flag in ("n", "eval_n", "pooling", "attention", "baseline", "mesh"):
         value = getattr(args, flag)
         if value is not None and flag not in run.options:
             takes = [t for t, (_, r) in recipes.TASKS.items() if flag in r.options]
@@ -283,6 +306,15 @@ def _flag_error(args, recipes):
         return f"argument --n: --dataset already names the training set. Received: {args.n!r}"
     if args.strategy == "multi-worker" and not os.environ.get("TF_CONFIG"):
         return "argument --strategy: multi-worker needs TF_CONFIG. Received: 'multi-worker'"
+    if args.mesh is not None:
+        error = (
+            "--strategy is TensorFlow's data parallel, --mesh JAX's model parallel: one or "
+            "the other"
+            if args.strategy
+            else recipes.mesh_error(_mesh_shape(args.mesh))
+        )
+        if error:
+            return f"argument --mesh: {error}. Received: {args.mesh!r}"
     dataset = args.dataset or getattr(run, "default_dataset", None)
     if args.dataset is not None:
         error = recipes.dataset_error(args.dataset)
@@ -296,6 +328,12 @@ def _flag_error(args, recipes):
         except ValueError as error:
             return f"argument {flag}: {error}. Received: {text!r}"
     return None
+
+
+def _mesh_shape(text):
+    """`--mesh`'s `"2x4"` as `Settings.mesh`, `(2, 4)`."""
+    batch, model = text.lower().split("x")
+    return int(batch), int(model)
 
 
 def main(argv=None):
@@ -329,6 +367,7 @@ def main(argv=None):
         n=args.n,
         eval_n=args.eval_n,
         strategy=args.strategy,
+        mesh=None if args.mesh is None else _mesh_shape(args.mesh),
         backup_dir=args.backup_dir,
         pooling=args.pooling,
         attention=args.attention,
@@ -355,7 +394,10 @@ def main(argv=None):
     }
     # Written next to their paths and renamed into place: a kill leaves no half files.
     write_atomically(paths["keras"], (result.text_model or result.model).save)
-    write_atomically(paths["savedmodel"], result.export)
+    if result.export is None:  # a text model trained on another backend than TensorFlow
+        del paths["savedmodel"]
+    else:
+        write_atomically(paths["savedmodel"], result.export)
     if result.plot is None:  # a model without attention weights
         del paths["plot"]
     else:

@@ -7,7 +7,9 @@ task's metric, and returns a `Result` with what the command saves, exports and
 plots. Nothing here downloads unless asked to.
 
 `train` seeds Python, NumPy and TensorFlow with `Settings.seed`, and runs the recipe
-inside the scope of `Settings.strategy` (one device, `"mirrored"`, `"multi-worker"`).
+inside the scope of `Settings.strategy` (one device, `"mirrored"`, `"multi-worker"`), or,
+with `Settings.mesh` (JAX), under the `ModelParallel` distribution its recipe sets when it
+builds its model (`build_model`).
 """
 
 import contextlib
@@ -18,9 +20,11 @@ from keras_attn.models.recipes.common import (
     BackupAndRestore,
     Result,
     Settings,
+    build_model,
     dataset_error,
     distribution_strategy,
     load_supervised,
+    mesh_error,
     writes_files,
 )
 from keras_attn.models.recipes.language_model import language_model_task
@@ -93,15 +97,30 @@ def train(task, settings=None):
     With `settings.strategy` the whole recipe runs in the strategy's scope, so the model
     it builds has mirrored variables (one copy per replica) and its `fit` and `evaluate`
     split every global batch of `settings.batch_size` over the replicas: the same
-    updates as one device, up to float rounding (docs/training.md).
+    updates as one device, up to float rounding (docs/training.md). With `settings.mesh`
+    (JAX) the recipe builds its model split over that device mesh and runs under
+    `keras.distribution.ModelParallel` (`build_model`); the distribution set before is set
+    again at the end. A mesh that the task, the backend or its devices cannot take raises
+    `ValueError` before any work (`mesh_error`).
     """
     if task not in TASKS:
         raise ValueError(f"Unknown task {task!r}. Tasks: {', '.join(TASKS)}")
     settings = settings or Settings()
+    if settings.mesh is not None:
+        if "mesh" not in TASKS[task][1].options:
+            raise ValueError(f"Task {task!r} takes no `mesh`. Received: mesh={settings.mesh!r}")
+        error = mesh_error(settings.mesh)
+        if error:
+            raise ValueError(f"Cannot train on mesh={settings.mesh!r}: {error}")
     strategy = distribution_strategy(settings.strategy)  # before other TensorFlow work
     keras.utils.set_random_seed(settings.seed)
-    with strategy.scope() if strategy else contextlib.nullcontext():
-        return TASKS[task][1](settings)
+    distribution = keras.distribution.distribution()  # a mesh: the recipe sets its own
+    try:
+        with strategy.scope() if strategy else contextlib.nullcontext():
+            return TASKS[task][1](settings)
+    finally:
+        if settings.mesh is not None:
+            keras.distribution.set_distribution(distribution)
 
 
 def defaults(run):
@@ -114,10 +133,12 @@ __all__ = [
     "BackupAndRestore",
     "Result",
     "Settings",
+    "build_model",
     "dataset_error",
     "defaults",
     "distribution_strategy",
     "load_supervised",
+    "mesh_error",
     "train",
     "writes_files",
 ]

@@ -4,6 +4,7 @@ import bisect
 import dataclasses
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -13,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_attn.arguments import is_int
 from keras_attn.models.datasets import loading
 
 START, END = "<s>", "</s>"
@@ -36,6 +38,9 @@ class Settings:
     eval_n: str | None = None
     # Distribution: None (one device), "mirrored" or "multi-worker" (TF_CONFIG).
     strategy: str | None = None
+    # Model parallel on JAX: a device mesh (batch, model), e.g. (2, 4): the batch split over
+    # `batch` devices, the model's weights over `model` (`build_model`). None: one device.
+    mesh: tuple[int, int] | None = None
     # Checkpoint directory for `keras.callbacks.BackupAndRestore`: a killed run resumes.
     backup_dir: str | None = None
     # Text classifiers: "attention" (the task's default) or "mean" (the ablation).
@@ -61,6 +66,21 @@ class Settings:
             )
         if self.baseline not in (None, True, False):
             raise ValueError(f"`baseline` must be None, True or False. Received: {self.baseline!r}")
+        if self.mesh is not None:
+            mesh = self.mesh
+            if not (
+                isinstance(mesh, tuple) and len(mesh) == 2
+                and all(is_int(n) and n >= 1 for n in mesh)
+            ):  # fmt: skip
+                raise ValueError(
+                    "`mesh` must be None or (batch, model), two positive integers. "
+                    f"Received: mesh={mesh!r}"
+                )
+            if self.strategy is not None:
+                raise ValueError(
+                    "`mesh` (model parallel, JAX) and `strategy` (tf.distribute) exclude each "
+                    f"other. Received: mesh={mesh!r}, strategy={self.strategy!r}"
+                )
 
     def callbacks(self):
         """The callbacks every recipe passes to `model.fit`."""
@@ -76,7 +96,7 @@ class Result:
     dataset: str
     model: keras.Model
     metrics: dict
-    export: object  # callable(path): writes a SavedModel
+    export: object  # callable(path): writes a SavedModel; None: none from this backend
     plot: object  # callable(path): writes a PNG of attention weights; None: a model without
     # Text tasks: the model with its preprocessing (`keras_attn.models.text`), saved as
     # TASK.keras instead of `model`; `export` writes its text SavedModel.
@@ -130,6 +150,75 @@ class _MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             return parent(reduce_op, v, None if scalar else axis)
 
         return tf.nest.map_structure(one, value)
+
+
+MESH_AXES = ("batch", "model")  # `Settings.mesh`: the axes of its `DeviceMesh`
+
+
+def mesh_error(mesh):
+    """Why this process cannot train on the device mesh `(batch, model)`; None if it can.
+
+    Reads the backend and counts its devices: reads no data, builds no model.
+    """
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return (
+            "model parallel (keras.distribution) runs on the jax backend only "
+            "(KERAS_BACKEND=jax); on tensorflow, --strategy mirrored (the local devices) or "
+            "--strategy multi-worker (TF_CONFIG) trains data parallel"
+        )
+    if backend != "jax":
+        return (
+            f"model parallel (keras.distribution) runs on the jax backend only "
+            f"(KERAS_BACKEND=jax); on {backend} keras-attn trains on one device (it has no "
+            "data-parallel option there either)"
+        )
+    devices = keras.distribution.list_devices()
+    if mesh[0] * mesh[1] > len(devices):
+        kind = devices[0].split(":")[0]
+        return (
+            f"a mesh of {mesh[0]} x {mesh[1]} needs {mesh[0] * mesh[1]} devices, and jax has "
+            f"{len(devices)} ({kind}; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+            "set before jax starts splits it into N)"
+        )
+    return None
+
+
+def build_model(build, settings):
+    """`build()`: on one device, or split over the device mesh `settings.mesh` (JAX).
+
+    With a mesh `(batch, model)`: `build()` once in a
+    `keras.StatelessScope(initialize_variables=False)` (shapes only, nothing allocated) for
+    `keras_attn.models.layout_map`'s map, then again from the same random state (the same
+    initial weights as one device) under
+    `keras.distribution.ModelParallel(layout_map=..., batch_dim_name="batch")`, so that its
+    variables are created split (docs/training.md). That distribution stays set for the rest
+    of the recipe (`fit`, evaluation, generation; `train` restores the one before). Prints
+    the mesh and how many weights are split.
+    """
+    if settings.mesh is None:
+        return build()
+    from keras_attn import models
+
+    batch, parts = settings.mesh
+    devices = keras.distribution.list_devices()[: batch * parts]
+    mesh = keras.distribution.DeviceMesh(settings.mesh, MESH_AXES, devices)
+    state = random.getstate(), np.random.get_state()  # the seeds Keras draws from
+    with keras.StatelessScope(initialize_variables=False):
+        layouts = models.layout_map(build(), mesh)  # its axes: "model", "batch"
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="batch")
+    )
+    model = build()
+    split = [w for w in model.weights if "model" in layouts[w.path].axes]
+    print(
+        f"{model.name}: model parallel on a mesh of {batch} (batch) x {parts} (model) "
+        f"{devices[0].split(':')[0]} devices; {len(split)} of its {len(model.weights)} weights "
+        "split over the model axis"
+    )
+    return model
 
 
 def writes_files(model):

@@ -29,6 +29,7 @@ from keras_attn.models.recipes.common import (
     START,
     Result,
     adam_warmup_cosine,
+    build_model,
     dataset_size,
     load_supervised,
     progress_verbosity,
@@ -103,12 +104,14 @@ def perplexity(model, batches):
     """
     total, count = 0.0, 0
 
-    @tf.function(reduce_retracing=True)
     def nll(inputs, targets):
         logits = ops.cast(model(inputs, training=False), "float32")
         losses = ops.sparse_categorical_crossentropy(targets, logits, from_logits=True)
         real = ops.cast(ops.not_equal(targets, 0), "float32")
         return ops.sum(losses * real), ops.sum(real)
+
+    if keras.backend.backend() == "tensorflow":  # elsewhere eager: a tf.function's tensors
+        nll = tf.function(nll, reduce_retracing=True)  # are TensorFlow's only
 
     for inputs, targets in batches:
         batch_total, batch_count = nll(inputs, targets)
@@ -141,8 +144,11 @@ def language_model_task(task_name, default_dataset):
         vocabulary = vectorizer.get_vocabulary()
 
         keras.utils.set_random_seed(settings.seed)
-        transformer = models.transformer_lm(
-            len(vocabulary), sequence_length=SEQUENCE_LENGTH, dropout=DROPOUT, **TRANSFORMER
+        transformer = build_model(  # `settings.mesh`: split over the devices (JAX)
+            lambda: models.transformer_lm(
+                len(vocabulary), sequence_length=SEQUENCE_LENGTH, dropout=DROPOUT, **TRANSFORMER
+            ),
+            settings,
         )
         d_model = TRANSFORMER["d_model"]
         trained = {"transformer": transformer}
@@ -167,6 +173,10 @@ def language_model_task(task_name, default_dataset):
             ds = ds.bucket_by_sequence_length(
                 lambda row: tf.shape(row)[0], BUCKETS, [settings.batch_size] * (len(BUCKETS) + 1)
             )
+            if settings.mesh is not None:  # a bucket's last batch: rows of padding (which the
+                # loss and the perplexity leave out) up to a multiple of the batch axis
+                ds = ds.map(lambda ids: tf.pad(ids, [[0, -tf.shape(ids)[0] % settings.mesh[0]],
+                                                     [0, 0]]))  # fmt: skip
             return ds.map(lambda ids: (ids[:, :-1], ids[:, 1:])).prefetch(2)
 
         train_batches = batches(train_ids, shuffle=True)
@@ -235,10 +245,12 @@ def language_model_task(task_name, default_dataset):
             )
             plotting.save_figure(fig, path)
 
-        return Result(name, transformer, metrics, text_model.export_text, plot, text_model)
+        # The text SavedModel is TensorFlow's (`export_text`): none from another backend.
+        export = text_model.export_text if keras.backend.backend() == "tensorflow" else None
+        return Result(name, transformer, metrics, export, plot, text_model)
 
     run.__name__ = task_name
-    run.options = {"baseline"}  # the `Settings` fields only this kind of task reads
+    run.options = {"baseline", "mesh"}  # the `Settings` fields only this kind of task reads
     run.text = True  # a text model: `keras-attn predict` takes it
     run.defaults = (
         f"{EPOCHS} epochs over every training text, and the LSTM baseline (--no-baseline: none)"

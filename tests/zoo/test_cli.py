@@ -169,6 +169,13 @@ BAD_FLAGS = [
     ("transformer-reverse", ["--strategy", "multi-worker"], "--strategy", "'multi-worker'"),
     ("transformer-reverse", ["--no-baseline"], "--baseline", "False"),
     ("pointer-sort", ["--baseline"], "--baseline", "True"),
+    ("transformer-lm", ["--mesh", "3"], "--mesh", "'3'"),
+    ("transformer-lm", ["--mesh", "0x4"], "--mesh", "'0x4'"),
+    ("transformer-lm", ["--mesh", "2x4x1"], "--mesh", "'2x4x1'"),
+    ("transformer-reverse", ["--mesh", "2x4"], "--mesh", "'2x4'"),
+    ("transformer-lm", ["--mesh", "1x2", "--strategy", "mirrored"], "--mesh", "'1x2'"),
+    # On TensorFlow (torch: below; too few JAX devices: tests/compat/test_cli_mesh_jax.py)
+    ("transformer-lm", ["--mesh", "2x4"], "--mesh", "'2x4'"),
 ]  # fmt: skip
 
 
@@ -191,6 +198,22 @@ def test_a_bad_flag_stops_at_once_with_one_line(task, flags, flag, value, no_tra
     assert len(lines) == 1, err
     assert lines[0].startswith("keras-attn train: error: ") and flag in lines[0], err
     assert value in lines[0], err
+
+
+@pytest.mark.parametrize(
+    "backend,points_to",
+    [("tensorflow", "--strategy mirrored"), ("torch", "trains on one device")],
+)
+def test_a_mesh_off_jax_points_to_what_works_there(
+    backend, points_to, request, monkeypatch, capsys
+):
+    monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+    with pytest.raises(ValueError, match=f"Cannot train on mesh=\\(2, 4\\): .*{points_to}"):
+        recipes.train("transformer-lm", recipes.Settings(mesh=(2, 4)))  # before any work
+    request.getfixturevalue("no_training")
+    status, _, err = run(capsys, "train", "transformer-lm", "--mesh", "2x4")
+    assert status == 2 and err.count("\n") == 1, err
+    assert "runs on the jax backend only" in err and points_to in err, err
 
 
 @pytest.mark.parametrize(
@@ -243,6 +266,11 @@ def test_settings_refuse_what_the_command_line_refuses():
     assert recipes.Settings(epochs=None, train_examples=None).epochs is None
     with pytest.raises(ValueError, match="`baseline` must be None, True or False. Received: 'no'"):
         recipes.Settings(baseline="no")
+    for mesh in ((2,), (0, 4), "2x4", (2.0, 4), (True, True)):
+        with pytest.raises(ValueError, match=r"`mesh` must be None or \(batch, model\)"):
+            recipes.Settings(mesh=mesh)
+    with pytest.raises(ValueError, match="`mesh` .* and `strategy` .* exclude each other"):
+        recipes.Settings(mesh=(1, 2), strategy="mirrored")
 
 
 def test_help_says_where_the_outputs_go_and_the_defaults(capsys):
@@ -252,6 +280,7 @@ def test_help_says_where_the_outputs_go_and_the_defaults(capsys):
     assert "./keras_attn_runs" in flat and "OUTPUT/TASK_savedmodel" in flat
     for default in ("(default: 64)", "(default: 500)", "(default: 0)", "(default: the task's)"):
         assert default in flat
+    assert "--mesh BATCHxMODEL JAX: model parallel on a device mesh, e.g. 2x4" in flat
     status, out, _ = run(capsys, "list")
     assert status == 0
     assert re.search(r"transformer-reverse .*default: 3 epochs over 20,000 examples", out)
