@@ -47,24 +47,29 @@ def _env(**extra):
     return env
 
 
-def _start(log, *args, **env):
+def _start(log, *args, script=__file__, **env):
+    """`script` (this file) run with `args` in a subprocess, its output to the file `log`."""
     with open(log, "w") as out:
         return subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), *args],
+            [sys.executable, os.path.abspath(script), *args],
             cwd=ROOT, env=_env(**env), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
 
 def _wait(processes, logs, timeout=TIMEOUT):
-    """Waits for every process; kills them all at the deadline or at the first failure."""
+    """Waits for every process; kills them all at the deadline or at the first failure
+    (of any of them: the others may wait for it), and then shows every process's log."""
     deadline = time.monotonic() + timeout
     try:
-        for process, log in zip(processes, logs, strict=True):
-            try:
-                status = process.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"timed out after {timeout}s:\n{_tail(log)}")
-            assert status == 0, f"exit status {status}:\n{_tail(log)}"
+        while True:
+            statuses = [process.poll() for process in processes]
+            failed = [status for status in statuses if status not in (None, 0)]
+            assert not failed, f"exit status {failed[0]}:\n{_tails(processes, logs)}"
+            if None not in statuses:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout}s:\n{_tails(processes, logs)}")
+            time.sleep(0.2)
     finally:
         for process in processes:
             if process.poll() is None:
@@ -75,6 +80,14 @@ def _wait(processes, logs, timeout=TIMEOUT):
 def _tail(log, lines=40):
     with open(log) as f:
         return "".join(f.readlines()[-lines:])
+
+
+def _tails(processes, logs):
+    """The end of each log, under its process's exit status (`None`: still running)."""
+    return "\n".join(
+        f"--- {log.name} (exit status {process.poll()}):\n{_tail(log)}"
+        for process, log in zip(processes, logs, strict=True)
+    )
 
 
 def _run(tmp_path, name, *args, timeout=TIMEOUT, **env):

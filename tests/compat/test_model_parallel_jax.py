@@ -70,7 +70,9 @@ def _data(name):
     return tokens, (tokens[:, 0] % 3).astype("int32")
 
 
-def _train(model, data):
+def _train(model, data, batch_size=BATCH):
+    """Per-epoch losses of 2 epochs of `fit` (SGD with momentum) on `data` in batches of
+    `batch_size` (a process's share of the global batch of `BATCH` across processes)."""
     import keras
 
     model.compile(
@@ -78,7 +80,7 @@ def _train(model, data):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     x, y = data
-    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    history = model.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
     return history.history["loss"]
 
 
