@@ -6,6 +6,7 @@ Nothing here asserts a timing: the smoke shapes are tiny and the machine is shar
 import json
 import math
 import os
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -160,3 +161,36 @@ def test_xla_memory_reads_the_buffers_a_program_allocates():
     fused = generation.xla_memory(lambda: jax.jit(lambda x: (2 * x).sum())(x))
     assert fused["temp_mib"] < 0.1
     assert jax.jit is not None and "recording" not in jax.jit.__name__  # jax.jit given back
+
+
+def test_sharding_smoke_prints_both_tables_and_the_step_times(tmp_path):
+    """`benchmarks.sharding --tiny`: the bytes tables and the step times (a JAX subprocess)."""
+    pytest.importorskip("jax")
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
+    # Its 8 CPU devices, with tests/conftest.py's flags (XLA at -O0)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 {os.environ.get('XLA_FLAGS', '')}"
+    paths = tmp_path / "bytes.json", tmp_path / "step.json"
+    script = (
+        "from benchmarks import sharding\n"
+        f"sharding.main(['--tiny', '--json', {str(paths[0])!r}])\n"
+        f"sharding.main(['--tiny', '--step-time', '--repeats', '1', '--json', {str(paths[1])!r}])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    heads12, heads16 = json.loads(paths[0].read_text())["models"].values()
+    assert [r["model_axis"] for r in heads12["rows"]] == [1, 2, 4, 6, 8]
+    assert "(12) is not a multiple of 8" in heads12["rows"][-1]["error"]
+    assert heads12["bound"] is None  # no (1, 8) row
+    assert [r["model_axis"] for r in heads16["rows"]] == [1, 2, 4, 8]
+    assert heads16["bound"]["model_axis"] == 8 and heads16["bound"]["holds"] is True
+    assert "bytes(1, 8) <= bytes(1) / 8 + replicated: True" in result.stdout
+
+    times = json.loads(paths[1].read_text())["step_time"]
+    meshes = ["one device", "(8, 1)", "(1, 8)", "(2, 4)"]
+    assert set(times["ratio"]) == set(meshes[1:])
+    for name in meshes:
+        assert len(times[name]["times_s"]) == 1 and times[name]["median_s"] > 0
+        assert f"| {name} | " in result.stdout
