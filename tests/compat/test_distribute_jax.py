@@ -11,13 +11,12 @@ skips only when JAX is not installed.
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from jax_subprocess import ROOT, run_on_cpu_devices
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, BATCH = 4, 8  # 2 epochs of 4 steps, a global batch of 8 (4 examples per device)
 # Two devices sum their half-batch gradients (an all-reduce) in another order than one
 # device sums the whole batch: float32 rounding, ~1e-7. Measured after the 8 SGD steps:
@@ -81,20 +80,8 @@ def _run_script(out):
 
 def test_data_parallel_on_two_devices_trains_like_one(tmp_path):
     pytest.importorskip("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
-    # With tests/conftest.py's flags (the same programs on one and two devices, compiled faster)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {os.environ['XLA_FLAGS']}"
-    env["PYTHONPATH"] = ROOT
     out = tmp_path / "result.json"
-    result = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_on_cpu_devices(2, os.path.abspath(__file__), str(out))
     found = json.loads(out.read_text())
     one, two = found["one"], found["two"]
     assert one["devices"] == two["devices"] == 2

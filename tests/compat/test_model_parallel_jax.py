@@ -23,11 +23,11 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+from jax_subprocess import run_on_cpu_devices
 from test_distribute_jax import ROOT, WEIGHTS_ATOL
 
 MESHES = ((1, 8), (2, 4), (4, 2))  # (batch, model)
@@ -195,20 +195,8 @@ def _run_script(out):
 
 def test_model_parallel_on_eight_devices_trains_like_one(tmp_path):
     pytest.importorskip("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
-    # With tests/conftest.py's flags (XLA at -O0: these programs need compiling, not speed)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 {os.environ['XLA_FLAGS']}"
-    env["PYTHONPATH"] = ROOT
     out = tmp_path / "result.json"
-    result = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_on_cpu_devices(8, os.path.abspath(__file__), str(out))
     found = json.loads(out.read_text())
     assert found["devices"] == 8
     for name in NAMES:

@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 import pytest
+from jax_subprocess import cpu_devices_env
 from test_distribute import _free_ports, _start, _wait
 from test_distribute_jax import WEIGHTS_ATOL
 from test_model_parallel_jax import BATCH, _builders, _data, _max_diff, _spec, _train
@@ -130,9 +131,7 @@ def _run_script(port, process_id, out):
 def test_model_parallel_across_two_processes_trains_like_one(tmp_path):
     pytest.importorskip("jax")
     (port,) = _free_ports(1)
-    # With tests/conftest.py's flags (XLA at -O0: these programs need compiling, not speed).
-    flags = f"--xla_force_host_platform_device_count={DEVICES} {os.environ['XLA_FLAGS']}"
-    env = dict(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
+    env = cpu_devices_env(DEVICES)  # with tests/conftest.py's flags (XLA at -O0)
     logs = [tmp_path / f"process_{i}.log" for i in range(PROCESSES)]
     outs = [tmp_path / f"process_{i}.json" for i in range(PROCESSES)]
     processes = [

@@ -6,7 +6,6 @@ Nothing here asserts a timing: the smoke shapes are tiny and the machine is shar
 import json
 import math
 import os
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -15,6 +14,7 @@ if ROOT not in sys.path:  # `benchmarks/` is not an installed package
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
+from jax_subprocess import run_on_cpu_devices  # noqa: E402
 
 from benchmarks import cases, eager, run, timing  # noqa: E402
 
@@ -166,20 +166,13 @@ def test_xla_memory_reads_the_buffers_a_program_allocates():
 def test_sharding_smoke_prints_both_tables_and_the_step_times(tmp_path):
     """`benchmarks.sharding --tiny`: the bytes tables and the step times (a JAX subprocess)."""
     pytest.importorskip("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="")
-    # Its 8 CPU devices, with tests/conftest.py's flags (XLA at -O0)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 {os.environ.get('XLA_FLAGS', '')}"
     paths = tmp_path / "bytes.json", tmp_path / "step.json"
     script = (
         "from benchmarks import sharding\n"
         f"sharding.main(['--tiny', '--json', {str(paths[0])!r}])\n"
         f"sharding.main(['--tiny', '--step-time', '--repeats', '1', '--json', {str(paths[1])!r}])"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_on_cpu_devices(8, "-c", script)
     heads12, heads16 = json.loads(paths[0].read_text())["models"].values()
     assert [r["model_axis"] for r in heads12["rows"]] == [1, 2, 4, 6, 8]
     assert "(12) is not a multiple of 8" in heads12["rows"][-1]["error"]
