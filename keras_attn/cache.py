@@ -5,6 +5,11 @@ The cache remembers, per position, whether it holds a real key: positions not
 written yet, and padded tokens of a prompt (a left-padded prefill), stay
 invalid, so step-by-step decoding sees exactly the keys a full pass would.
 
+`RingKVCache` keeps the last `S` positions only, in a ring buffer (a
+sliding-window model's generation in memory flat in its length): position `p`
+sits in slot `p mod S`, and `ring_update` gives the keys a step attends over
+with each slot's position, for the masks and the position biases to read.
+
 keras-hub's blocks keep a cache as one tensor `(B, 2, S, g, d)`, keys and
 values stacked, with no record of which positions are valid: `is_stacked`,
 `KVCache.from_stacked`, `KVCache.to_stacked` and `written_before` convert it at
@@ -113,6 +118,49 @@ class KVCache(NamedTuple):
         return ops.stack([transpose(c, (0, 2, 1, 3)) for c in (self.key, self.value)], axis=1)
 
 
+class RingKVCache(KVCache):
+    """A `KVCache` that keeps the last `S` positions only: a ring buffer for a sliding window.
+
+    Position `p` (the count of positions written before it, padding
+    included) goes to slot `p mod S`, over position `p - S`; once the
+    positions before `end` are written, slot `s` holds
+
+        p_s = end - 1 - ((end - 1 - s) mod S)             (`ring_positions`)
+
+    (negative: not written yet, and not valid). A layer whose
+    `sliding_window = w <= S` lets a causal query at `p` see keys
+    `p - w + 1 .. p` only, all of them still in the ring, so decoding through
+    it equals decoding through a `KVCache` of every position, in memory that
+    does not grow with the sequence. `MultiHeadAttention` tells it by its
+    type: `cache_update_index` is the position of the first new token (not a
+    slot: it grows past `S`), and the causal mask, the window and a position
+    bias read each slot's `p_s` (`ring_update`); the rotary keys are
+    written rotated at their position, as in a `KVCache`.
+
+    The same three fields as `KVCache` (it is one, so code reading a
+    `KVCache` reads it); make one from an empty cache.
+
+    Returns:
+        The tuple `(key, value, valid)`, as `KVCache`.
+
+    Example:
+
+    >>> mha = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, sliding_window=2)
+    >>> x = keras.random.normal((1, 5, 8))
+    >>> full = mha(x, x, use_causal_mask=True)
+    >>> ring, steps = keras_attn.cache.RingKVCache(*mha.empty_cache(1, 2)), []
+    >>> for i in range(5):
+    ...     y, ring = mha(x[:, i : i + 1], x[:, i : i + 1], use_causal_mask=True,
+    ...                   cache=ring, cache_update_index=i)
+    ...     steps.append(y)
+    >>> error = keras.ops.max(keras.ops.abs(keras.ops.concatenate(steps, 1) - full))
+    >>> print(ring.key.shape, bool(error < 1e-5))
+    (1, 2, 2, 4) True
+    """
+
+    __slots__ = ()
+
+
 def as_kv_cache(cache: KVCache | tuple[TensorLike, TensorLike, TensorLike]) -> KVCache:
     """`cache` as a `KVCache`; a plain 3-tuple `(key, value, valid)` is accepted.
 
@@ -120,7 +168,7 @@ def as_kv_cache(cache: KVCache | tuple[TensorLike, TensorLike, TensorLike]) -> K
         TypeError: anything else (e.g. a `(key, value)` pair: a cache must say
             which positions are valid).
     """
-    if isinstance(cache, KVCache):
+    if isinstance(cache, KVCache):  # a `RingKVCache` too
         return cache
     if isinstance(cache, (tuple, list)) and len(cache) == 3:
         return KVCache(*cache)
@@ -259,3 +307,85 @@ def check_index(index: Length, query_length: Length, cache_length: Length) -> Te
             f"cache_update_index={index}, Tq={query_length}, cache length={cache_length}"
         )
     return None
+
+
+def ring_positions(end: Length, length: int) -> TensorLike:
+    """int32 `(length,)`: each slot's position in a `RingKVCache` of `length` slots.
+
+    Once the positions before `end` are written, slot `s` holds the latest
+    position congruent to it, `end - 1 - ((end - 1 - s) mod length)`; a
+    negative one was never written.
+
+    Example:
+
+    >>> print(keras.ops.convert_to_numpy(ring_positions(6, 4)).tolist())
+    [4, 5, 2, 3]
+    """
+    last = ops.cast(end, "int32") - 1
+    return last - ops.mod(last - ops.arange(length, dtype="int32"), length)
+
+
+def ring_update(
+    cache: RingKVCache,
+    index: Length,
+    key: TensorLike,
+    value: TensorLike,
+    valid: TensorLike | None = None,
+) -> tuple[RingKVCache, KVCache, TensorLike | None]:
+    """The ring with `key`, `value` (`(B, g, Tq, d)`) written at positions `index, index + 1, ...`.
+
+    One new token (a decoding step) goes to slot `index mod S`, in place, and
+    attends over the ring itself, each slot at its position
+    (`ring_positions`): the position it replaced, `index - S`, lies outside
+    any window `w <= S`. Several (a prefill; a prompt longer than `S`) attend
+    over the ring's positions in order (`index - S .. index - 1`; none when
+    `index` is the int 0) followed by the new tokens: consecutive positions
+    ending at the last new token, as the kernels' end-aligned masks and
+    position biases take them (no per-key positions, no `(Tq, S)` tensor);
+    then the last `S` of them are written, each to its slot.
+
+    Args:
+        cache: a `RingKVCache` of `S` slots.
+        index: int or scalar integer tensor, the position of the first new token.
+        key, value: the new keys and values, heads first.
+        valid: bool `(B, Tq)`, which new tokens are real, or `None` (all).
+
+    Returns:
+        `(ring, seen, positions)`: the updated `RingKVCache`; a `KVCache` of
+        the keys, values and valid mask the new tokens attend over (the ring
+        `(B, g, S, d)`, or up to `S` positions before the new tokens and
+        them); and the int32 `(S,)` positions of the ring's keys, or `None`
+        where the keys are consecutive positions ending at the last new token.
+    """
+    length, query_length = dim(cache.key, 2), dim(key, 2)
+    static = isinstance(index, (int, np.integer))
+    if isinstance(query_length, int) and query_length == 1:
+        slot = index % length if static else ops.mod(ops.cast(index, "int32"), length)
+        ring = RingKVCache(*write(cache, slot, key, value, valid)[0])
+        return ring, ring, ring_positions(ops.cast(index, "int32") + 1, length)
+    first_write = static and int(index) == 0
+    index = ops.cast(index, "int32")
+    if valid is None:
+        valid = ops.ones((dim(key, 0), query_length), "bool")
+    key, value = ops.cast(key, cache.key.dtype), ops.cast(value, cache.value.dtype)
+    if first_write:  # nothing written before: the new tokens alone
+        seen = KVCache(key, value, valid)
+    else:  # the ring in position order (slot (index + j) mod S holds index - S + j), then them
+        order = ops.mod(ops.arange(length, dtype="int32") + index, length)  # (S,)
+        seen = KVCache(
+            *(ops.concatenate([ops.take(old, order, axis=2), new], axis=2)
+              for old, new in ((cache.key, key), (cache.value, value))),
+            ops.concatenate([ops.take(cache.valid, order, axis=1), valid], axis=1),
+        )  # fmt: skip
+    # Slot s keeps its key, or takes the last new token j congruent to it,
+    # j = r + S * ((Tq - 1 - r) // S) with r = (s - index) mod S, where r < Tq: one gather
+    # from [ring, new tokens] (never empty, whatever Tq).
+    first = ops.mod(ops.arange(length, dtype="int32") - index, length)  # (S,)
+    last = first + length * ops.floor_divide(query_length - 1 - first, length)
+    source = ops.where(first < query_length, length + last, ops.arange(length, dtype="int32"))
+    ring = RingKVCache(
+        *(ops.take(ops.concatenate([old, new], axis=axis), source, axis=axis)
+          for old, new, axis in ((cache.key, key, 2), (cache.value, value, 2),
+                                 (cache.valid, valid, 1)))
+    )  # fmt: skip
+    return ring, seen, None

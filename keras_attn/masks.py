@@ -11,6 +11,7 @@ functions and build no mask of their own:
   for one block of keys (`key_start`), end-aligned or from a cache index;
 - `window_mask`, `position_mask`: the symmetric sliding window, and the
   causal and window masks merged (what the kernels build from positions);
+  `mask_at_positions`: the same for keys at any positions (a ring cache's);
 - `positions_below`: the keys of a block that exist (a kernel's padding);
   `query_positions`, `key_positions`: the positions the causal mask, the
   window and the position biases share;
@@ -137,6 +138,39 @@ def position_mask(
         parts.append(causal_mask(query_length, value_length, query_start, key_start))
     if window is not None:
         parts.append(window_mask(query_length, value_length, window, query_start, key_start))
+    return merge_masks(*parts)
+
+
+def mask_at_positions(
+    query_positions: TensorLike,
+    key_positions: TensorLike,
+    is_causal: bool = False,
+    window: int | None = None,
+) -> TensorLike | None:
+    """Boolean `(Tq, Tv)`: the causal and window masks of keys at any positions; `None` if neither.
+
+    `position_mask` for keys that are not at `0 .. Tv - 1` (a
+    `keras_attn.cache.RingKVCache`'s slots): query `p_i` sees key `k_j` iff
+    `k_j <= p_i` (causal) and `|p_i - k_j| < window`.
+
+    Args:
+        query_positions: int `(Tq,)`.
+        key_positions: int `(Tv,)`.
+        is_causal, window: as `position_mask`.
+
+    Example:
+
+    >>> mask = mask_at_positions(np.array([5]), np.array([4, 5, 2, 3]), True, 3)
+    >>> print(keras.ops.convert_to_numpy(mask).tolist())
+    [[True, True, False, True]]
+    """
+    rows = ops.expand_dims(ops.cast(query_positions, "int32"), 1)
+    cols = ops.expand_dims(ops.cast(key_positions, "int32"), 0)
+    parts = []
+    if is_causal:
+        parts.append(rows >= cols)
+    if window is not None:
+        parts.append(ops.abs(rows - cols) < window)
     return merge_masks(*parts)
 
 

@@ -32,7 +32,7 @@ from keras_attn.arguments import (
     dim,
     serialize_optional_layer,
 )
-from keras_attn.cache import KVCache, as_kv_cache, write
+from keras_attn.cache import KVCache, RingKVCache, as_kv_cache, ring_update, write
 from keras_attn.layer_io import AttentionLayer, prepare_query, zero_unseen_rows
 from keras_attn.matmul_einsum_dense import MatmulEinsumDense
 from keras_attn.multi_head_shapes import (
@@ -68,6 +68,7 @@ class ProjectedHeads(NamedTuple):
     query_start: Length | None  # the first query's position among the keys; None: S - Tq
     cache: KVCache | None  # the cache, with the new tokens written
     in_range: TensorLike | None  # whether a tensor cache index fits the cache
+    key_positions: TensorLike | None = None  # (S,) int32: a ring cache's; None: 0 .. S - 1
 
 
 @keras.saving.register_keras_serializable(package="keras_attn")
@@ -529,6 +530,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             )
         if cached:
             self._check_cache_arguments(value, key, cache_update_index, use_causal_mask)
+            if isinstance(cache, RingKVCache):
+                self._check_ring(cache, cache_update_index, attention_mask, attention_bias)
         # Below the call, one key padding mask `(B, Tv)`: Keras' `value_mask` and `key_mask`.
         key_padding_mask = masks.merge_masks(
             layout.flatten_mask(value_mask, "value_mask", value),
@@ -546,16 +549,23 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         # A self-attention step: each new token is written valid and sees itself.
         step = cached and cache_update_index is not None
         step = step and all(m is None for m in (query_mask, key_padding_mask, attention_mask))
+        bias = (
+            None
+            if self.position_bias is None and attention_bias is None
+            else attn_ops.AttentionBias(self.position_bias, attention_bias)
+        )
+        is_causal, window = bool(use_causal_mask), self.sliding_window
+        if projected.key_positions is not None:  # a ring cache: the keys are not in order
+            attention_mask, bias = self._at_key_positions(projected, is_causal, bias)
+            is_causal, window = False, None  # in `attention_mask` now
         spec = attn_ops.AttentionSpec(
             mask=masks.merge_masks(  # (B, 1, 1, S) and the explicit (B|1, h|1, Tq|1, S)
                 masks.attention_heads_mask(projected.key_padding_mask), attention_mask
             ),
-            is_causal=bool(use_causal_mask),
+            is_causal=is_causal,
             query_start=projected.query_start,
-            window=self.sliding_window,
-            bias=None
-            if self.position_bias is None and attention_bias is None
-            else attn_ops.AttentionBias(self.position_bias, attention_bias),
+            window=window,
+            bias=bias,
             dropout_rate=self.dropout,
             seed=self.seed_generator,
             training=training,
@@ -615,6 +625,50 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 "`value` is required with a self-attention cache: it holds the new tokens."
             )
 
+    def _check_ring(self, cache, cache_update_index, attention_mask, attention_bias):
+        """`ValueError` where a `RingKVCache` cannot stand for every position's cache."""
+        if cache_update_index is None:
+            raise ValueError(
+                "A RingKVCache is a self-attention cache: pass `cache_update_index` (the "
+                "position of the first new token). Received: cache_update_index=None"
+            )
+        length, window = cache.length, self.sliding_window
+        if window is None or (isinstance(length, int) and length < window):
+            raise ValueError(
+                "A RingKVCache keeps the last `length` positions only: it needs a "
+                "`sliding_window` no longer than it (the keys a query may see). Received: "
+                f"sliding_window={window}, cache length={length}"
+            )
+        if attention_mask is not None or attention_bias is not None:
+            raise ValueError(
+                "A RingKVCache moves its positions every step: it takes no `attention_mask` "
+                "or `attention_bias` over its slots (the causal mask, the window and the "
+                "position bias are applied at each slot's position). Received: "
+                f"attention_mask={'a mask' if attention_mask is not None else None}, "
+                f"attention_bias={'a bias' if attention_bias is not None else None}"
+            )
+
+    def _at_key_positions(self, projected, is_causal, bias):
+        """The causal mask, window and position bias of keys at `projected.key_positions`.
+
+        A ring cache's keys are not at positions `0 .. S - 1`, which the
+        kernels assume: the position masks become an explicit mask and the
+        position bias a float32 tensor, both evaluated at the keys' positions
+        (the queries' are `query_start + i`).
+
+        Returns:
+            `(attention_mask (1, 1, Tq, S) or None, bias (h, Tq, S) or None)`.
+        """
+        query_positions = masks.key_positions(dim(projected.q, 2), projected.query_start)
+        mask = masks.mask_at_positions(
+            query_positions, projected.key_positions, is_causal, self.sliding_window
+        )  # (Tq, S)
+        if bias is not None:
+            bias = attn_ops.AttentionBias(
+                bias.full(query_positions, projected.key_positions, self.num_heads)
+            )
+        return (None if mask is None else mask[None, None]), bias
+
     def _project_inputs(
         self, query, value, key, query_mask, key_padding_mask, cache, cache_update_index
     ):
@@ -636,6 +690,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             query, value, query_mask, key_padding_mask, None, key=key, value_shape=value_shape
         )
         start, in_range = None, None  # the causal mask's query start; a tensor index's check
+        positions = None  # the keys' positions where they are not their indices (a ring's)
         if cross:
             k, v = cache.key, cache.value
             key_padding_mask = masks.merge_masks(cache.valid, key_padding_mask)
@@ -648,12 +703,21 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             index = 0 if cache_update_index is None else cache_update_index
             k = self._heads(self._rotate(self._key_dense(key), index))  # (B, g, Tv, dk)
             v = self._heads(self._value_dense(value))  # (B, g, Tv, dv)
-            if cache is not None:  # write the new tokens, then attend over the whole cache
+            if isinstance(cache, RingKVCache):  # a step: the ring at its slots' positions
+                cache, seen, positions = ring_update(cache, cache_update_index, k, v,
+                                                     key_padding_mask)  # fmt: skip
+                k, v, key_padding_mask = seen  # (B, g, S [+ Tq], d), (B, S [+ Tq])
+                # several tokens: consecutive keys ending at the last one (end-aligned)
+                start = None if positions is None else cache_update_index
+            elif cache is not None:  # write the new tokens, then attend over the whole cache
                 cache, in_range = write(cache, cache_update_index, k, v, key_padding_mask)
                 k, v, key_padding_mask = cache.key, cache.value, cache.valid  # (B, g, S, d), (B, S)
                 start = cache_update_index
-        q = self._heads(self._rotate(self._query_dense(query), 0 if start is None else start))
-        return ProjectedHeads(query, q, k, v, query_mask, key_padding_mask, start, cache, in_range)
+        rotation = 0 if cache_update_index is None else cache_update_index  # the first query's
+        q = self._heads(self._rotate(self._query_dense(query), rotation))
+        return ProjectedHeads(
+            query, q, k, v, query_mask, key_padding_mask, start, cache, in_range, positions
+        )
 
     def _attend(self, q, k, v, spec):
         """Attention of the query heads `q (B, h, Tq, dk)` over `k, v (B, g, S, d)` under `spec`.
@@ -806,5 +870,5 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 shape = layout.scores_shape(query.shape, value.shape, self.num_heads)
             outputs.append(keras.KerasTensor(shape, dtype=self.compute_dtype))
         if cache is not None:
-            outputs.append(KVCache(*(keras.KerasTensor(c.shape, dtype=c.dtype) for c in cache)))
+            outputs.append(type(cache)(*(keras.KerasTensor(c.shape, c.dtype) for c in cache)))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)

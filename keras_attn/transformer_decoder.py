@@ -363,7 +363,8 @@ class TransformerDecoder(TransformerBlock):
         if cross is not None:
             caches.append(cross_attention_cache)
         for cache in caches:
-            outputs.append(spec(cache) if is_stacked(cache) else KVCache(*map(spec, cache)))
+            kind = type(cache) if isinstance(cache, KVCache) else KVCache  # a ring stays one
+            outputs.append(spec(cache) if is_stacked(cache) else kind(*map(spec, cache)))
         return tuple(outputs)
 
 

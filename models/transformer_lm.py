@@ -9,6 +9,7 @@ from keras import ops
 import keras_attn
 from keras_attn._typing import ActivationLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_rate
+from keras_attn.cache import RingKVCache
 from keras_attn.models.layers import TokenPositions
 from keras_attn.positional import static_array
 
@@ -77,7 +78,11 @@ def transformer_lm(
             longest prompt + generation with `position="learned"`; the other
             schemes take any length.
         sliding_window: `None`, or a positive int: each token attends to the
-            last `sliding_window` positions only (Mistral).
+            last `sliding_window` positions only (Mistral). Generation then
+            keeps a ring of that many positions per block
+            (`LanguageModelSteps`): its memory does not grow with the tokens,
+            and with rotary, ALiBi or sinusoidal positions it continues past
+            any length.
         dropout: on the embeddings, every residual branch and the attention
             weights.
         activation: of the feed-forward networks.
@@ -228,13 +233,19 @@ class LanguageModelState(NamedTuple):
 
     Args:
         caches: one `keras_attn.KVCache` per decoder block, in block order: keys and values
-            `(B, g, P - 1 + max_length, dk)`, valid where a real token was written.
+            `(B, g, P - 1 + max_length, dk)`, valid where a real token was written; or,
+            for a sliding window `w`, a `keras_attn.cache.RingKVCache` of `(B, g, w, dk)`.
         positions: int32 `(B,)`: each row's position for its next token (its count of real
             tokens fed so far, so padding shifts nothing).
+        cache_index: int32 `(B,)`: the cache position the next token is written at (the
+            left-aligned prompt's length - 1, then + 1 a step; the same in every row): a
+            ring's positions grow past its length, so the state carries it. `None` (a state
+            built by hand for full caches) is accepted without rings.
     """
 
     caches: list
     positions: Any
+    cache_index: Any = None
 
 
 class LanguageModelSteps:
@@ -250,8 +261,21 @@ class LanguageModelSteps:
     blocks on their caches, O(T) per token. Everything is `keras.ops`, so the
     loop also runs inside `tf.function` / `jax.jit`.
 
+    With a `sliding_window` `w` the caches are rings of `w` positions
+    (`keras_attn.cache.RingKVCache`) instead of `P - 1 + max_length`: a
+    token sees the last `w` positions only, all of them in the ring, so the
+    tokens are those of the full caches, in memory flat in the number of
+    tokens. A prompt longer than `w` is prefilled at once (each token
+    attending within its window) and its last `w` positions kept.
+
     Args:
         model: a model built by `transformer_lm` (trained or reloaded).
+        ring: `None` (rings where the blocks have a sliding window), or
+            `False`: caches of every position (the full-cache path, e.g. as
+            a reference); `True` requires a sliding window.
+
+    Raises:
+        ValueError: `ring=True` for a model without a sliding window.
     """
 
     @staticmethod
@@ -259,7 +283,7 @@ class LanguageModelSteps:
         names = _layer_names(model)
         return {"token_embedding", "decoder_block_0"} <= names and "encoder_embedding" not in names
 
-    def __init__(self, model: keras.Model):
+    def __init__(self, model: keras.Model, ring: bool | None = None):
         names = _layer_names(model)
         self.blocks, i = [], 0
         while f"decoder_block_{i}" in names:
@@ -274,6 +298,16 @@ class LanguageModelSteps:
         learned = isinstance(self.position_embedding, keras_attn.PositionEmbedding)
         self.sequence_length = self.position_embedding.sequence_length if learned else None
         self._max_length = None
+        windows = [block.sliding_window for block in self.blocks]
+        self.sliding_window = None if None in windows else max(windows)
+        if ring not in (None, True, False):
+            raise ValueError(f"`ring` must be None, True or False. Received: ring={ring!r}")
+        if ring and self.sliding_window is None:
+            raise ValueError(
+                "A ring cache keeps the last `sliding_window` positions: it needs a model "
+                f"built with `sliding_window`. Received: ring={ring}, sliding_window=None"
+            )
+        self.ring = self.sliding_window is not None if ring is None else ring
 
     def _embed(self, tokens, positions):
         """`(B, T)` tokens at `(B, T)` positions -> `(B, T, d)`."""
@@ -305,13 +339,20 @@ class LanguageModelSteps:
         prompts = left_align(prompts)  # (B, P)
         batch, length = ops.shape(prompts)[0], ops.shape(prompts)[1]
         self._max_length = max_length
-        caches = [b.empty_cache(batch, length - 1 + max_length) for b in self.blocks]
+        if self.ring:
+            caches = [RingKVCache(*b.empty_cache(batch, self.sliding_window)) for b in self.blocks]
+        else:
+            caches = [b.empty_cache(batch, length - 1 + max_length) for b in self.blocks]
         positions = TokenPositions()(prompts)  # (B, P)
         context = prompts[:, :-1]  # (B, P - 1)
         if not isinstance(length, int) or length > 1:
             x = self._embed(context, positions[:, :-1])
             _, caches = self._blocks(x, ops.not_equal(context, 0), caches, 0)
-        return LanguageModelState(caches=caches, positions=positions[:, -1])
+        return LanguageModelState(
+            caches=caches,
+            positions=positions[:, -1],
+            cache_index=ops.zeros_like(positions[:, -1]) + ops.cast(length - 1, "int32"),
+        )
 
     def step(
         self, tokens: TensorLike, index: Length, state: LanguageModelState
@@ -319,10 +360,19 @@ class LanguageModelSteps:
         """`(B,)` tokens, the `index`-th fed -> next-token logits `(B, V)` and the new state."""
         tokens = ops.expand_dims(ops.cast(tokens, "int32"), 1)  # (B, 1)
         positions = ops.expand_dims(state.positions, 1)  # (B, 1)
-        cache_index = ops.shape(state.caches[0].key)[2] - self._max_length + index
+        if self.ring:
+            if state.cache_index is None:
+                raise ValueError(
+                    "Ring caches need the state's `cache_index` (from `start`). Received: "
+                    "LanguageModelState(cache_index=None)"
+                )
+            cache_index = ops.max(state.cache_index, initial=0)  # the rows agree; B may be 0
+        else:
+            cache_index = ops.shape(state.caches[0].key)[2] - self._max_length + index
         x = self._embed(tokens, positions)
         x, caches = self._blocks(x, ops.not_equal(tokens, 0), state.caches, cache_index)
         if self.norm is not None:
             x = self.norm(x)
         logits = self.token_embedding(x, reverse=True)[:, 0]  # (B, V)
-        return logits, LanguageModelState(caches=caches, positions=state.positions + 1)
+        cache_index = None if state.cache_index is None else state.cache_index + 1
+        return logits, LanguageModelState(caches, state.positions + 1, cache_index)
