@@ -15,19 +15,29 @@ The pointer networks' decoding (`pointer_decode`, `polygon_decode`,
 no TensorFlow (only the export does).
 """
 
+import functools
+import inspect
+import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
-from keras_attn.arguments import check_finite_number, check_positive_int, is_int
+from keras_attn.arguments import check_positive_int, is_int
+from keras_attn.models.logits_processors import (
+    banned_ngram_tokens,
+    check_no_repeat_ngram_size,
+    check_repetition_penalty,
+    penalize_repetition,
+    seen_tokens,
+)
 from keras_attn.models.pointer_decoding import pointer_decode, polygon_decode, predict_batch  # noqa: F401
 from keras_attn.models.rnn_seq2seq import RNNDecodingSteps
 from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tokens
-from keras_attn.models.transformer_lm import LanguageModelSteps
+from keras_attn.models.transformer_lm import LanguageModelSteps, left_align
 from keras_attn.models.transformer_seq2seq import TransformerDecodingSteps
 
 # ---------------------------------------------------------------------------
@@ -211,10 +221,21 @@ def greedy_decode(
     end_id: int | None = None,
     steps: Any = None,
     suppress_ids: Sequence[int] | np.ndarray = (),
-) -> TensorLike:
+    repetition_penalty: float | None = None,
+    no_repeat_ngram_size: int = 0,
+    return_scores: bool = False,
+    return_alignment: bool = False,
+) -> TensorLike | tuple[TensorLike, ...]:
     """Greedy decoding: `y_t = argmax_v p(v | y_<t, x)`, one cached step per token.
 
-    Token 0 (padding) and the `suppress_ids` are never emitted before the end.
+    Token 0 (padding) and the `suppress_ids` are never emitted before the end. With the
+    repetition controls the argmax is taken over the controlled logits: CTRL's
+    `repetition_penalty` divides the positive logits and multiplies the negative ones of
+    the tokens already in the row (`keras_attn.models.logits_processors`), and
+    `no_repeat_ngram_size=n` rules out every token that would repeat an n-gram of the row
+    (unless that rules out every token: then the n-grams are not enforced at that step).
+    A row's tokens so far are a language model's prompt and outputs, or a seq2seq
+    decoder's start token and outputs.
 
     Args:
         model: a zoo seq2seq model (`transformer_seq2seq` or `rnn_seq2seq`),
@@ -231,32 +252,54 @@ def greedy_decode(
         steps: a decoding-steps object; by default `decoding_steps(model)`.
         suppress_ids: token ids never emitted (an OOV token, say): their logits are
             `-inf` before the argmax (the argmax over the other tokens).
+        repetition_penalty: None or 1 (off), or a positive number (above 1 discourages
+            repeats).
+        no_repeat_ngram_size: 0 (off) or the n-gram size `n >= 1`.
+        return_scores: also return the float32 `(B, max_length)` scores: each token's
+            `log p(y_t | y_<t, x)` under the model's own distribution (before the
+            suppression and the repetition controls), 0.0 after a row's end.
+        return_alignment: also return the float32 `(B, max_length, S)` alignment: each
+            step's attention over the source (a `transformer_seq2seq`: its last decoder
+            block's cross-attention, averaged over the heads; an `rnn_seq2seq`: its
+            attention weights), 0 on source padding and after a row's end.
 
     Returns:
         int32 `(B, max_length)` tokens (a tensor; runs eagerly or inside a
-        `tf.function` or `jax.jit`).
+        `tf.function` or `jax.jit`); with `return_scores` or `return_alignment`, a tuple
+        `(tokens, scores, alignment)` of the tokens and what was asked, in that order. An
+        empty batch gives empty results.
 
     Raises:
-        ValueError: a `max_length` that is not a positive integer, or a
+        ValueError: a `max_length` that is not a positive integer, a
             `start_id` or `end_id` outside `[1, vocab_size)` (where the
-            decoder's vocabulary is known: see `decoder_vocab_size`).
+            decoder's vocabulary is known: see `decoder_vocab_size`), a
+            `repetition_penalty` that is not a positive finite number, a negative or
+            non-integer `no_repeat_ngram_size`, or `return_alignment=True` for a model
+            without a source to attend to (a language model).
 
     Example:
 
     >>> from keras_attn.models import transformer_seq2seq
     >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
-    >>> print(greedy_decode(model, np.ones((2, 7), "int32"), max_length=4, start_id=1).shape)
+    >>> source = np.ones((2, 7), "int32")
+    >>> print(greedy_decode(model, source, max_length=4, start_id=1).shape)
     (2, 4)
+    >>> tokens, scores, alignment = greedy_decode(
+    ...     model, source, 4, start_id=1, repetition_penalty=1.2, no_repeat_ngram_size=2,
+    ...     return_scores=True, return_alignment=True)
+    >>> print(tokens.shape, scores.shape, alignment.shape)
+    (2, 4) (2, 4) (2, 4, 7)
     """
-    steps = steps or decoding_steps(model)
-    vocab_size = decoder_vocab_size(steps, model)
-    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id, vocab_size)
-    suppress_ids = check_suppress_ids(suppress_ids, vocab_size)
 
     def choose(logits, index):
         return greedy_tokens(logits)
 
-    return _decode(steps, encoder_inputs, max_length, start_id, end_id, choose, suppress_ids)
+    return _decode_model(
+        model, encoder_inputs, max_length, start_id, end_id, steps, suppress_ids,
+        lambda max_length: choose, repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size, return_scores=return_scores,
+        return_alignment=return_alignment,
+    )  # fmt: skip
 
 
 def sample_decode(
@@ -271,30 +314,44 @@ def sample_decode(
     seed: int | None = None,
     steps: Any = None,
     suppress_ids: Sequence[int] | np.ndarray = (),
-) -> TensorLike:
+    repetition_penalty: float | None = None,
+    no_repeat_ngram_size: int = 0,
+    return_scores: bool = False,
+    return_alignment: bool = False,
+) -> TensorLike | tuple[TensorLike, ...]:
     """Sampled decoding: `y_t ~ softmax(logits_t / temperature)`, truncated to top-k / top-p.
 
     The same cached steps as `greedy_decode`; each step draws its token with
     `keras_attn.models.sampling.sample_tokens` (temperature, then the `top_k` most likely
     tokens, then the top-p nucleus: the smallest most-likely-first set with
     mass >= `top_p`). `top_k=1`, or a temperature going to 0, gives the greedy
-    tokens. The uniform draws, one per step and example, come from
+    tokens; `temperature=0` is greedy decoding (`greedy_tokens`, exactly). The uniform
+    draws, one per step and example, come from
     `keras.random.uniform` with `seed`: a fixed integer seed gives the same
     tokens at every call; `None` draws from Keras' global seed generator
     (`keras.utils.set_random_seed`). Token 0 (padding) and the `suppress_ids` are never
-    drawn: their logits are `-inf` before the temperature, top-k and top-p.
+    drawn: their logits are `-inf` before the repetition controls (as in `greedy_decode`),
+    the temperature, top-k and top-p.
 
     Args:
-        model, encoder_inputs, max_length, start_id, end_id, steps, suppress_ids: as in
-            `greedy_decode`.
-        temperature: positive number dividing the logits (1 samples the
-            model's distribution; below 1 is sharper).
-        top_k: None, or sample among the `top_k` most likely tokens.
+        model, encoder_inputs, max_length, start_id, end_id, steps, suppress_ids,
+            repetition_penalty, no_repeat_ngram_size, return_scores, return_alignment:
+            as in `greedy_decode` (the scores are the model's log-probabilities, before
+            the temperature, top-k and top-p).
+        temperature: a number >= 0 dividing the logits (1 samples the
+            model's distribution; below 1 is sharper; 0 is greedy).
+        top_k: None or 0 (off), or sample among the `top_k` most likely tokens.
         top_p: None, or the nucleus mass in `(0, 1]`.
         seed: None or an integer.
 
     Returns:
-        int32 `(B, max_length)` tokens (a tensor).
+        int32 `(B, max_length)` tokens (a tensor); with `return_scores` or
+        `return_alignment` a tuple, as in `greedy_decode`.
+
+    Raises:
+        ValueError: as `greedy_decode`, a negative, NaN or infinite `temperature`, a
+            negative `top_k`, a `top_p` outside `(0, 1]`, or a `seed` that is not an
+            integer; each names the argument.
 
     Example:
 
@@ -312,42 +369,259 @@ def sample_decode(
         Holtzman et al., 2020, "The Curious Case of Neural Text Degeneration",
         https://arxiv.org/abs/1904.09751 (top-p)
     """
+    temperature, top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
+
+    def choice(max_length):
+        if temperature == 0:  # greedy
+            return lambda logits, index: greedy_tokens(logits)
+        batch = ops.shape(ops.convert_to_tensor(encoder_inputs))[0]
+        uniform = keras.random.uniform((max_length, batch), seed=seed)  # a draw per step, row
+
+        def choose(logits, index):
+            row = ops.take(uniform, index, axis=0)
+            return sample_tokens(logits, row, temperature, top_k, top_p)
+
+        return choose
+
+    return _decode_model(
+        model, encoder_inputs, max_length, start_id, end_id, steps, suppress_ids, choice,
+        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+        return_scores=return_scores, return_alignment=return_alignment,
+    )  # fmt: skip
+
+
+def _decode_model(
+    model, encoder_inputs, max_length, start_id, end_id, steps, suppress_ids, choice, **options
+):
+    """`greedy_decode` / `sample_decode`: the checks, then `_decode` with the token choice
+    `choice(max_length)`; their return value (`_returned`)."""
     steps = steps or decoding_steps(model)
     vocab_size = decoder_vocab_size(steps, model)
     max_length, start_id, end_id = check_lengths(max_length, start_id, end_id, vocab_size)
-    temperature, top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
     suppress_ids = check_suppress_ids(suppress_ids, vocab_size)
-    batch = ops.shape(ops.convert_to_tensor(encoder_inputs))[0]
-    uniform = keras.random.uniform((max_length, batch), seed=seed)  # one draw per step and row
-
-    def choose(logits, index):
-        return sample_tokens(logits, ops.take(uniform, index, axis=0), temperature, top_k, top_p)
-
-    return _decode(steps, encoder_inputs, max_length, start_id, end_id, choose, suppress_ids)
-
-
-def _decode(steps, encoder_inputs, max_length, start_id, end_id, choose, suppress_ids=()):
-    """The cached decoding loop; `choose(logits (B, V), index) -> (B,)` picks each token
-    among those not ruled out (padding, `suppress_ids`: `_ruled_out`)."""
+    options["repetition_penalty"] = check_repetition_penalty(options["repetition_penalty"])
+    options["no_repeat_ngram_size"] = check_no_repeat_ngram_size(options["no_repeat_ngram_size"])
+    if options["return_alignment"]:
+        _alignment_step(steps)  # raises for steps without an alignment
     encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
-    batch = ops.shape(encoder_inputs)[0]
-    tokens = first_tokens(steps, encoder_inputs, start_id)
-    state = steps.start(encoder_inputs, max_length)
-    outputs = ops.zeros((batch, max_length), "int32")
-    finished = ops.zeros((batch,), "bool")
+    if encoder_inputs.shape[0] == 0:  # no examples: nothing to decode
+        decoded = _empty(encoder_inputs, max_length)
+    else:
+        decoded = _decode(
+            steps, encoder_inputs, max_length, start_id, end_id, choice(max_length),
+            suppress_ids, **options,
+        )  # fmt: skip
+    return _returned(decoded, options["return_scores"], options["return_alignment"])
 
-    def body(index, carry):
-        tokens, outputs, finished, state = carry
-        logits, state = steps.step(tokens, index, state)
-        tokens = choose(_ruled_out(logits, suppress_ids), index)
-        tokens = ops.where(finished, 0, tokens)
-        if end_id is not None:
-            finished = ops.logical_or(finished, ops.equal(tokens, end_id))
-        outputs = ops.slice_update(outputs, (0, index), ops.expand_dims(tokens, 1))
-        return tokens, outputs, finished, state
 
-    _, outputs, _, _ = ops.fori_loop(0, max_length, body, (tokens, outputs, finished, state))
-    return outputs
+def _returned(decoded, return_scores: bool, return_alignment: bool):
+    """The decoders' return value: the tokens alone, or a tuple `(tokens, scores, alignment)`
+    of the tokens and what was asked, in that order."""
+    if not (return_scores or return_alignment):
+        return decoded.tokens
+    asked = ((True, decoded.tokens), (return_scores, decoded.scores))
+    return tuple(v for wanted, v in asked + ((return_alignment, decoded.alignment),) if wanted)
+
+
+def _empty(encoder_inputs, max_length):
+    """The `Decoded` of an empty batch: tokens, scores and alignment with 0 rows."""
+    source = ops.shape(encoder_inputs)[1]
+    return Decoded(
+        ops.zeros((0, max_length), "int32"),
+        ops.zeros((0, max_length), "float32"),
+        ops.zeros((0, max_length, source), "float32"),
+    )
+
+
+class Decoded(NamedTuple):
+    """What the cached loop (`_decode`) returns; a field not asked for is None.
+
+    Args:
+        tokens: int32 `(B, max_length)`, 0 after a row's end token.
+        scores: float32 `(B, max_length)`: `log_softmax(logits)[token]` of each chosen token
+            under the model's own distribution (its raw logits, in float32: before ruling
+            out, penalties, temperature, top-k and top-p); 0.0 after a row's end token.
+        alignment: float32 `(B, max_length, S)`: each step's alignment over the source
+            (`steps.step(..., return_alignment=True)`'s); 0 after a row's end token.
+    """
+
+    tokens: Any
+    scores: Any = None
+    alignment: Any = None
+
+
+class DecodingLoop:
+    """One cached decoding loop: `start` (the first carry), `step` (one token per row),
+    `result` (the `Decoded` of a carry); `_decode` runs it in one `ops.fori_loop`, and
+    `generate(..., stream=True)` step by step.
+
+    A step: the raw logits -> their score (`return_scores`) -> padding and `suppress_ids`
+    ruled out (`_ruled_out`) -> CTRL's `repetition_penalty` on the tokens seen -> the tokens
+    that would repeat an n-gram of `no_repeat_ngram_size` banned (`-inf`) -> `choose(logits
+    (B, V), index) -> (B,)`. A row whose every token the n-grams would ban (a tiny
+    vocabulary) chooses among its unbanned logits. "Seen" and the n-grams' history are the
+    row's tokens so far: a language model's prompt (`steps.start_tokens` marks one) then its
+    outputs; a seq2seq decoder's start token then its outputs (as Hugging Face's
+    `input_ids`). They are read from the outputs the loop carries anyway: the carry holds a
+    score or alignment buffer only when asked, and nothing for the repetition controls.
+    `max_length` may be a scalar int tensor and `repetition_penalty` a scalar float tensor
+    (an exported model's per-request settings); the other options are constants of the
+    trace (one compiled loop per setting).
+
+    Args:
+        steps: a decoding-steps object (`decoding_steps(model)`).
+        start_id, end_id: as in `greedy_decode` (checked).
+        choose: `choose(logits (B, V), index) -> (B,)` int32, the token of each row.
+        suppress_ids: checked token ids never chosen (`check_suppress_ids`).
+        repetition_penalty: None, a positive number (checked; 1: off) or a float tensor.
+        no_repeat_ngram_size: 0 (off) or `n >= 1`.
+        return_scores, return_alignment: what the carry collects besides the tokens.
+
+    Raises:
+        ValueError: a bad `no_repeat_ngram_size`, or `return_alignment` for steps without an
+            alignment.
+    """
+
+    def __init__(
+        self,
+        steps,
+        start_id,
+        end_id,
+        choose,
+        suppress_ids=(),
+        *,
+        repetition_penalty=None,
+        no_repeat_ngram_size=0,
+        return_scores=False,
+        return_alignment=False,
+    ):
+        self.steps, self.start_id, self.end_id = steps, start_id, end_id
+        self.choose, self.suppress_ids = choose, suppress_ids
+        self.repetition_penalty = None if _is_off(repetition_penalty, 1.0) else repetition_penalty
+        self.no_repeat_ngram_size = check_no_repeat_ngram_size(no_repeat_ngram_size)
+        self.return_scores, self.return_alignment = return_scores, return_alignment
+        self._step = _alignment_step(steps) if return_alignment else steps.step
+
+    def start(self, encoder_inputs, max_length) -> dict:
+        """The carry before the first step: the `(B,)` tokens fed first, the `(B, max_length)`
+        outputs, which rows have `finished`, the steps' `state`, and what the options need."""
+        encoder_inputs = ops.convert_to_tensor(encoder_inputs, "int32")
+        batch = ops.shape(encoder_inputs)[0]
+        tokens = first_tokens(self.steps, encoder_inputs, self.start_id)
+        carry = {
+            "tokens": tokens,
+            "outputs": ops.zeros((batch, max_length), "int32"),
+            "finished": ops.zeros((batch,), "bool"),
+            "state": self.steps.start(encoder_inputs, max_length),
+        }
+        if self.repetition_penalty is not None or self.no_repeat_ngram_size:
+            # what the row holds before its outputs, (B, K): the prompt or the start token
+            continues = hasattr(self.steps, "start_tokens")
+            carry["before"] = left_align(encoder_inputs) if continues else tokens[:, None]
+        if self.return_scores:
+            carry["scores"] = ops.zeros((batch, max_length), "float32")
+        if self.return_alignment:
+            source = ops.shape(encoder_inputs)[1]
+            carry["alignment"] = ops.zeros((batch, max_length, source), "float32")
+        return carry
+
+    def step(self, index, carry) -> dict:
+        """The carry after the `index`-th token of every row (0 for a finished row)."""
+        carry = dict(carry)
+        logits, carry["state"], *alignment = self._step(carry["tokens"], index, carry["state"])
+        raw = logits
+        logits = self._controlled(_ruled_out(logits, self.suppress_ids), index, carry)
+        finished = carry["finished"]
+        tokens = ops.where(finished, 0, self.choose(logits, index))
+        carry["tokens"] = tokens
+        carry["outputs"] = _write(carry["outputs"], index, tokens)
+        if self.return_scores:
+            log_probs = ops.log_softmax(ops.cast(raw, "float32"), axis=-1)  # (B, V)
+            score = ops.take_along_axis(log_probs, ops.expand_dims(tokens, -1), axis=-1)[:, 0]
+            carry["scores"] = _write(carry["scores"], index, ops.where(finished, 0.0, score))
+        if self.return_alignment:
+            (alignment,) = alignment  # (B, S)
+            alignment = ops.where(ops.expand_dims(finished, -1), 0.0, alignment)
+            carry["alignment"] = _write(carry["alignment"], index, alignment)
+        if self.end_id is not None:
+            carry["finished"] = ops.logical_or(finished, ops.equal(tokens, self.end_id))
+        return carry
+
+    def _controlled(self, logits, index, carry):
+        """`logits` `(B, V)` after the repetition penalty and the banned n-grams."""
+        if "before" not in carry:
+            return logits
+        history = ops.concatenate([carry["before"], carry["outputs"]], axis=1)  # (B, K + T)
+        vocab = ops.shape(logits)[-1]
+        if self.repetition_penalty is not None:  # outputs not written yet are 0: not seen
+            seen = seen_tokens(history, vocab)
+            logits = penalize_repetition(logits, seen, self.repetition_penalty)
+        if self.no_repeat_ngram_size:
+            length = ops.shape(carry["before"])[1] + index
+            banned = banned_ngram_tokens(history, length, self.no_repeat_ngram_size, vocab)
+            logits = _ban(logits, banned)
+        return logits
+
+    @staticmethod
+    def result(carry) -> Decoded:
+        return Decoded(carry["outputs"], carry.get("scores"), carry.get("alignment"))
+
+
+def _decode(
+    steps,
+    encoder_inputs,
+    max_length,
+    start_id,
+    end_id,
+    choose,
+    suppress_ids=(),
+    *,
+    repetition_penalty=None,
+    no_repeat_ngram_size=0,
+    return_scores=False,
+    return_alignment=False,
+):
+    """The cached decoding loop (`DecodingLoop`, in one `ops.fori_loop`) -> `Decoded`."""
+    loop = DecodingLoop(
+        steps, start_id, end_id, choose, suppress_ids, repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size, return_scores=return_scores,
+        return_alignment=return_alignment,
+    )  # fmt: skip
+    carry = ops.fori_loop(0, max_length, loop.step, loop.start(encoder_inputs, max_length))
+    return loop.result(carry)
+
+
+def _write(buffer, index, values):
+    """`buffer[:, index] = values` for `(B, T, ...)` and `(B, ...)` tensors."""
+    start = (0, index) + (0,) * (len(buffer.shape) - 2)
+    return ops.slice_update(buffer, start, ops.expand_dims(ops.cast(values, buffer.dtype), 1))
+
+
+def _is_off(value, off):
+    """Whether a setting is off: None, or a Python (NumPy) number equal to `off` (a tensor
+    never is: an exported model's per-request setting)."""
+    return value is None or (isinstance(value, numbers.Real) and value == off)
+
+
+def _ban(logits, banned):
+    """Logits `(B, V)` with the `banned` tokens `-inf`; a row whose every token would then be
+    `-inf` keeps its logits (the n-grams cannot all be avoided: a tiny vocabulary)."""
+    allowed = ops.where(banned, ops.cast(float("-inf"), logits.dtype), logits)
+    left = ops.any(allowed > float("-inf"), axis=-1, keepdims=True)  # (B, 1)
+    return ops.where(left, allowed, logits)
+
+
+def _alignment_step(steps):
+    """`steps.step` returning `(logits, state, alignment)`, or `ValueError` for steps that have
+    no alignment (a language model's; a registered class without the keyword)."""
+    parameters = inspect.signature(steps.step).parameters.values()
+    if not any(p.name == "return_alignment" or p.kind is p.VAR_KEYWORD for p in parameters):
+        raise ValueError(
+            f"`return_alignment=True` needs decoding steps that attend to a source; "
+            f"{type(steps).__name__}.step has no `return_alignment`. "
+            "Received: return_alignment=True"
+        )
+    return functools.partial(steps.step, return_alignment=True)
 
 
 def _ruled_out(logits, suppress_ids=()):
@@ -362,112 +636,9 @@ def _ruled_out(logits, suppress_ids=()):
     return ops.where(ruled_out, ops.cast(float("-inf"), logits.dtype), logits)
 
 
-def _length_penalty(length, alpha):
-    """GNMT's `((5 + |Y|) / 6) ** alpha` (Wu et al. 2016)."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-def beam_search(
-    model: keras.Model,
-    encoder_inputs: TensorLike,
-    max_length: int,
-    start_id: int | None = None,
-    end_id: int | None = None,
-    beam_width: int = 4,
-    length_penalty: float = 0.6,
-    suppress_ids: Sequence[int] | np.ndarray = (),
-) -> tuple[np.ndarray, np.ndarray]:
-    """Beam search over cached decoding steps, ranking `log p(Y | x) / lp(|Y|)`.
-
-    Keeps the `beam_width` best prefixes of every example; a prefix that
-    emitted `end_id` is finished and only extends with padding at no cost
-    (padding is never emitted otherwise, nor are the `suppress_ids`).
-    Hypotheses are ranked by their log-probability divided by GNMT's length
-    penalty `lp(|Y|) = ((5 + |Y|) / 6) ** length_penalty` (0 ranks by
-    log-probability alone). With `beam_width=1` this is greedy decoding.
-
-    Args:
-        model: a zoo seq2seq model, or a language model (`transformer_lm`).
-        encoder_inputs: int tokens `(B, S)`, 0 = padding (a language model's
-            prompts).
-        max_length: longest output.
-        start_id: the token fed at the first step; `None` for a language
-            model (it continues its prompt).
-        end_id: the end-of-sequence token (required).
-        beam_width: hypotheses kept per example.
-        length_penalty: the exponent `alpha`, a finite number.
-        suppress_ids: token ids never emitted (as in `greedy_decode`).
-
-    Returns:
-        `(tokens, scores)`: int32 NumPy `(B, max_length)` (0 after `end_id`)
-        and the best hypothesis' normalized score `(B,)`.
-
-    Raises:
-        ValueError: as `greedy_decode`, a missing `end_id`, a `beam_width`
-            that is not a positive integer, or a `length_penalty` that is
-            not a finite number (NaN would rank every hypothesis alike).
-
-    Example:
-
-    >>> from keras_attn.models import transformer_seq2seq
-    >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
-    >>> tokens, scores = beam_search(model, np.ones((2, 7), "int32"), 4, start_id=1, end_id=2)
-    >>> print(tokens.shape, scores.shape)
-    (2, 4) (2,)
-
-    Reference:
-        Wu et al., 2016, "Google's Neural Machine Translation System",
-        https://arxiv.org/abs/1609.08144 (length penalty)
-    """
-    steps = decoding_steps(model)
-    vocab_size = decoder_vocab_size(steps, model)
-    max_length, start_id, end_id = check_lengths(max_length, start_id, end_id, vocab_size)
-    if end_id is None:
-        raise ValueError("`end_id` (the end-of-sequence token) is required by beam search.")
-    beam_width = check_positive_int("beam_width", beam_width)
-    length_penalty = check_finite_number("length_penalty", length_penalty)
-    suppress_ids = check_suppress_ids(suppress_ids, vocab_size)
-    source = np.asarray(encoder_inputs, "int32")
-    batch, width = source.shape[0], beam_width
-    if batch == 0:  # no examples: no hypotheses to rank
-        return np.zeros((0, max_length), "int32"), np.zeros((0,))
-    source = np.repeat(source, width, axis=0)  # (B*K, S)
-    tokens = ops.convert_to_numpy(first_tokens(steps, source, start_id))
-    state = steps.start(source, max_length)  # (B*K, ...)
-    log_probs = np.full((batch, width), -np.inf)
-    log_probs[:, 0] = 0.0  # one live hypothesis to start from
-    lengths = np.zeros((batch, width))
-    finished = np.zeros((batch, width), bool)
-    sequences = np.zeros((batch, width, max_length), "int32")
-    for index in range(max_length):
-        logits, state = steps.step(tokens, index, state)
-        logits = _ruled_out(ops.cast(logits, "float32"), suppress_ids)
-        step_log_probs = ops.convert_to_numpy(ops.log_softmax(logits)).astype("float64")
-        vocab = step_log_probs.shape[-1]
-        step_log_probs = step_log_probs.reshape(batch, width, vocab)
-        pad_only = np.full(vocab, -np.inf)
-        pad_only[0] = 0.0  # a finished hypothesis extends with padding, at no cost
-        step_log_probs = np.where(finished[..., None], pad_only, step_log_probs)
-        candidates = log_probs[..., None] + step_log_probs  # (B, K, V)
-        new_lengths = lengths + ~finished  # (B, K)
-        ranked = candidates / _length_penalty(new_lengths, length_penalty)[..., None]
-        best = np.argsort(-ranked.reshape(batch, -1), axis=-1, kind="stable")[:, :width]
-        beam, token = best // vocab, (best % vocab).astype("int32")  # (B, K)
-        rows = np.arange(batch)[:, None]
-        log_probs = candidates[rows, beam, token]
-        lengths, finished = new_lengths[rows, beam], finished[rows, beam]
-        sequences = sequences[rows, beam]
-        sequences[:, :, index] = token
-        finished = finished | (token == end_id)
-        flat = (rows * width + beam).reshape(-1)  # hypotheses' rows in the (B*K) state
-        state = keras.tree.map_structure(lambda s, rows=flat: ops.take(s, rows, axis=0), state)
-        tokens = token.reshape(-1)
-        if finished.all():
-            break
-    final = log_probs / _length_penalty(np.maximum(lengths, 1), length_penalty)
-    choice = np.argmax(final, axis=-1)
-    rows = np.arange(batch)
-    return sequences[rows, choice], final[rows, choice]
+# Beam search lives in `keras_attn.models.beam_decoding` (which imports this module when it
+# runs); its name stays importable from here.
+from keras_attn.models.beam_decoding import beam_search, beam_search_loop  # noqa: E402, F401
 
 
 def __getattr__(name):

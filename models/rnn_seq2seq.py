@@ -189,18 +189,41 @@ class RNNDecodingSteps:
         )
 
     def step(
-        self, tokens: TensorLike, index: Length, state: RNNDecodingState
-    ) -> tuple[TensorLike, RNNDecodingState]:
-        """`(B,)` tokens -> next-token logits `(B, V)` and the new state."""
+        self,
+        tokens: TensorLike,
+        index: Length,
+        state: RNNDecodingState,
+        return_alignment: bool = False,
+    ) -> tuple[TensorLike, ...]:
+        """`(B,)` tokens -> next-token logits `(B, V)` and the new state.
+
+        With `return_alignment=True` also the alignment, float32 `(B, S)`: the attention
+        weights of the step over the encoder outputs (0 on source padding), as
+        `(logits, state, alignment)`.
+
+        Raises:
+            ValueError: `return_alignment=True` for a model without attention (`score=None`).
+        """
         del index  # the RNN state carries the position
+        if return_alignment and self.attention is None:
+            raise ValueError(
+                "This rnn_seq2seq has no attention (score=None): it has no alignment to "
+                "return. Received: return_alignment=True"
+            )
         x = keras.ops.take(self.embedding.embeddings, tokens, axis=0)  # (B, E), no mask
         output, states = self.cell(x, state.states, training=False)  # (B, units)
         states = list(states) if isinstance(states, (list, tuple)) else [states]
         hidden = keras.ops.expand_dims(output, 1)  # (B, 1, units)
         if self.attention is not None:
             context = self.attention(
-                hidden, state.encoder_outputs, value_mask=state.source_mask
-            )  # (B, 1, units)
-            hidden = self.concat([context, hidden])
+                hidden, state.encoder_outputs, value_mask=state.source_mask,
+                return_attention_scores=return_alignment,
+            )  # fmt: skip
+            if return_alignment:
+                context, weights = context  # (B, 1, units), (B, 1, S)
+            hidden = self.concat([context, hidden])  # context: (B, 1, units)
         logits = self.logits(self.hidden(hidden))[:, 0]  # (B, V)
-        return logits, state._replace(states=states)
+        state = state._replace(states=states)
+        if not return_alignment:
+            return logits, state
+        return logits, state, keras.ops.cast(weights[:, 0], "float32")

@@ -173,22 +173,37 @@ class TransformerDecodingSteps:
         )
 
     def step(
-        self, tokens: TensorLike, index: Length, state: TransformerDecodingState
-    ) -> tuple[TensorLike, TransformerDecodingState]:
-        """`(B,)` tokens at position `index` -> next-token logits `(B, V)` and the new state."""
+        self,
+        tokens: TensorLike,
+        index: Length,
+        state: TransformerDecodingState,
+        return_alignment: bool = False,
+    ) -> tuple[TensorLike, ...]:
+        """`(B,)` tokens at position `index` -> next-token logits `(B, V)` and the new state.
+
+        With `return_alignment=True` also the alignment, float32 `(B, S)`: the last decoder
+        block's cross-attention weights of the token, averaged over the heads (0 on source
+        padding), as `(logits, state, alignment)`.
+        """
         x = self.embedding(ops.expand_dims(tokens, 1), start_index=index)  # (B, 1, d)
-        caches = []
-        for block, cache, cross in zip(
-            self.blocks, state.self_attention_caches, state.cross_attention_caches, strict=True
+        caches, last = [], len(self.blocks) - 1
+        for i, (block, cache, cross) in enumerate(
+            zip(self.blocks, state.self_attention_caches, state.cross_attention_caches, strict=True)
         ):
-            x, cache, _ = block(
+            keep_weights = return_alignment and i == last  # the last block's weights only
+            x, *weights, cache, _ = block(
                 x,
                 self_attention_cache=cache,
                 self_attention_cache_update_index=index,
                 cross_attention_cache=cross,
                 training=False,
-            )
+                return_attention_scores=keep_weights,
+            )  # weights: [] or [self (B, h, 1, L), cross (B, h, 1, S)]
             caches.append(cache)
         if self.norm is not None:
             x = self.norm(x)
-        return self.logits(x)[:, 0], state._replace(self_attention_caches=caches)
+        logits, state = self.logits(x)[:, 0], state._replace(self_attention_caches=caches)
+        if not return_alignment:
+            return logits, state
+        alignment = ops.mean(ops.cast(weights[1], "float32"), axis=1)[:, 0]  # (B, S)
+        return logits, state, alignment

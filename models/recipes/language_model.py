@@ -51,6 +51,8 @@ LEARNING_RATE, WARMUP_STEPS, DROPOUT = 2e-3, 200, 0.1
 TRANSFORMER = dict(num_layers=2, num_heads=4, d_model=64, intermediate_dim=256)
 PROMPTS = ["the movie is", "this film", "a thriller that"]  # the samples in the metrics
 SAMPLE_SEEDS = (0, 1)  # sampled continuations (top-k 40), besides the greedy ones
+# greedy continuations with a repetition control, beside plain greedy (CTRL's penalty 1.2)
+REPETITION_CONTROLS = ({"repetition_penalty": 1.2}, {"no_repeat_ngram_size": 3})
 
 
 # ---------------------------------------------------------------------------
@@ -230,8 +232,12 @@ def language_model_task(task_name, default_dataset):
             + ", ".join(f"{label} {score:.2f}" for label, (score, _) in scores.items())
         )
         for sample in samples:
-            seed = "greedy" if sample["seed"] is None else f"seed {sample['seed']}"
-            print(f"  {sample['prompt']!r} ({seed}): {sample['text']}")
+            how = "greedy" if sample["seed"] is None else f"seed {sample['seed']}"
+            if sample["repetition_penalty"] != 1.0:
+                how += f", repetition_penalty {sample['repetition_penalty']}"
+            if sample["no_repeat_ngram_size"]:
+                how += f", no_repeat_ngram_size {sample['no_repeat_ngram_size']}"
+            print(f"  {sample['prompt']!r} ({how}): {sample['text']}")
 
         def plot(path):
             from keras_attn import plotting
@@ -259,14 +265,18 @@ def language_model_task(task_name, default_dataset):
 
 
 def _samples(text_model):
-    """Greedy and sampled continuations of `PROMPTS`, each with its seed (None: greedy)."""
+    """Continuations of `PROMPTS`: greedy, greedy with each of `REPETITION_CONTROLS`, and
+    sampled; each with its seed (None: greedy) and its repetition controls (1.0 and 0: off)."""
+    off = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
+    settings = [(None, {}), *((None, controls) for controls in REPETITION_CONTROLS)]
+    settings += [(seed, {}) for seed in SAMPLE_SEEDS]
     samples = []
-    for seed in (None, *SAMPLE_SEEDS):
+    for seed, controls in settings:
         generation = {} if seed is None else dict(sampler="sample", top_k=40, seed=seed)
-        for prompt, continuation in zip(
-            PROMPTS, text_model.predict_text(PROMPTS, **generation), strict=True
-        ):
-            samples.append({"prompt": prompt, "seed": seed, "text": continuation})
+        continuations = text_model.predict_text(PROMPTS, **generation, **controls)
+        for prompt, continuation in zip(PROMPTS, continuations, strict=True):
+            sample = {"prompt": prompt, "seed": seed, **off, **controls, "text": continuation}
+            samples.append(sample)
     return samples
 
 

@@ -123,7 +123,12 @@ def seq2seq_task(
         max_length = _lengths(train.map(lambda s, t: t))[1] + 1
         sources, targets = zip(*test.as_numpy_iterator(), strict=True)
         source_ids = np.asarray(source_vectorizer(np.array(sources)))
-        decoded = np.asarray(models.greedy_decode(model, source_ids, max_length, start_id, end_id))
+        attends = family == "transformer" or score is not None  # else no alignment to plot
+        decoded = models.greedy_decode(
+            model, source_ids, max_length, start_id, end_id, return_alignment=attends
+        )  # tokens, and with `attends` the decode's alignment (B, max_length, S)
+        decoded, alignment = decoded if attends else (decoded, None)
+        decoded = np.asarray(decoded)
         words = np.array(vocab)
         outputs = [" ".join(words[row[(row != 0) & (row != end_id)]]) for row in decoded]
         expected = [t.decode() for t in targets]
@@ -154,20 +159,22 @@ def seq2seq_task(
         def export(path):
             text_model.export_text(path)
 
+        first = None  # the plot's weights: the decode's own alignment of the first pair,
+        if attends:  # on its decoded tokens and its real source tokens (T', S')
+            first = np.asarray(alignment[0])[decoded[0] != 0][:, source_ids[0] != 0]
+
         def plot(path):
             from keras_attn import plotting
 
-            weights = cross_attention_weights(model, source_ids[:1], decoded[:1], start_id)
             source_words = source_vectorizer.get_vocabulary()
             fig = plotting.plot_attention(
-                weights[0],
+                first,
                 source_labels=[source_words[i] for i in source_ids[0] if i],
                 target_labels=[vocab[i] for i in decoded[0] if i],
                 title=f"{task_name}: cross-attention, first test pair",
             )
             plotting.save_figure(fig, path)
 
-        attends = family == "transformer" or score is not None  # else no weights to plot
         return Result(name, model, metrics, export, plot if attends else None, text_model)
 
     run.__name__ = task_name
@@ -219,38 +226,3 @@ def _seq2seq_model(architecture, score, source_vocab, target_vocab, dropout):
             intermediate_dim=128, dropout=dropout,
         )  # fmt: skip
     return models.rnn_seq2seq(source_vocab, target_vocab, 64, 128, score=score)
-
-
-def cross_attention_weights(model, source_ids, decoded, start_id):
-    """Teacher-forced attention of the decoded tokens over the source: `(B, T, S)`."""
-    length = (decoded != 0).sum(-1).max()
-    decoder_inputs = np.concatenate([np.full((len(decoded), 1), start_id), decoded], 1)[
-        :, :length
-    ].astype("int32")
-    x = {"encoder_inputs": source_ids, "decoder_inputs": decoder_inputs}
-    if "decoder_block_0" in {layer.name for layer in model.layers}:
-        from keras_attn.models.transformer_seq2seq import TransformerDecodingSteps
-
-        steps = TransformerDecodingSteps(model)
-        encoded = steps.encoder(source_ids)
-        y = model.get_layer("decoder_embedding")(decoder_inputs)
-        for block in steps.blocks[:-1]:
-            y = block(y, encoded)
-        _, _, cross = steps.blocks[-1](y, encoded, return_attention_scores=True)
-        weights = keras.ops.mean(cross, axis=1)  # mean over heads: (B, T, S)
-    else:
-        attention_model = models.rnn_seq2seq(**_rnn_config(model), return_attention=True)
-        attention_model.set_weights(model.get_weights())
-        weights = attention_model(x)["attention"]
-    mask = source_ids != 0
-    return np.asarray(weights)[:, :, mask[0]] if len(source_ids) == 1 else np.asarray(weights)
-
-
-def _rnn_config(model):
-    return {
-        "source_vocab_size": model.get_layer("encoder_embedding").input_dim,
-        "target_vocab_size": model.get_layer("logits").units,
-        "embedding_dim": model.get_layer("decoder_embedding").output_dim,
-        "units": model.get_layer("attentional_hidden").units,
-        "score": "additive",
-    }

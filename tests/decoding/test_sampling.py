@@ -148,9 +148,9 @@ def test_sample_decode_runs_in_a_tf_function_with_the_same_draws():
 
 @pytest.mark.parametrize(
     "kwargs,name",
-    [({"temperature": 0}, "temperature"), ({"temperature": -1.0}, "temperature"),
+    [({"temperature": -1e-3}, "temperature"), ({"temperature": -1.0}, "temperature"),
      ({"temperature": float("nan")}, "temperature"), ({"temperature": "1"}, "temperature"),
-     ({"top_k": 0}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"top_k": True}, "top_k"),
+     ({"top_k": -1}, "top_k"), ({"top_k": 2.5}, "top_k"), ({"top_k": True}, "top_k"),
      ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_p": "0.9"}, "top_p"),
      ({"top_p": float("nan")}, "top_p"), ({"temperature": float("inf")}, "temperature"),
      ({"end_id": 12}, "end_id"), ({"end_id": -1}, "end_id"), ({"start_id": 40}, "start_id"),

@@ -271,8 +271,14 @@ def test_train_predict_and_serve_end_to_end(baseline, tmp_path, capsys, monkeypa
     else:  # the LSTM neither trained nor reported
         assert not [key for key in metrics if key.startswith("baseline")], metrics
         assert "lstm" not in printed
-    assert [(s["prompt"], s["seed"]) for s in metrics["samples"]] == [
-        (p, seed) for seed in (None, 5) for p in language_model.PROMPTS
+    controls = [(1.0, 0), (1.2, 0), (1.0, 3), (1.0, 0)]  # plain, penalty, n-grams; then sampled
+    assert [
+        (s["prompt"], s["seed"], s["repetition_penalty"], s["no_repeat_ngram_size"])
+        for s in metrics["samples"]
+    ] == [
+        (p, seed, *control)
+        for seed, control in zip((None, None, None, 5), controls, strict=True)
+        for p in language_model.PROMPTS
     ]
     assert (out / "transformer-lm_attention.png").read_bytes()[:4] == b"\x89PNG"
 

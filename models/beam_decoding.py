@@ -1,0 +1,338 @@
+"""Beam search over a model's cached decoding steps: one loop of `keras.ops`, compiled.
+
+(The module is not named `beam_search`: that is the function's name in `keras_attn.models`.)
+Two entries, both importable from `keras_attn.models.decoding` too:
+
+- `beam_search(model, encoder_inputs, max_length, start_id, end_id, beam_width=4,
+  length_penalty=0.6, suppress_ids=(), *, return_scores=False, return_alignment=False,
+  repetition_penalty=None, no_repeat_ngram_size=0, jit_compile=True)`: NumPy in, NumPy
+  out, compiled (`tf.function(jit_compile=True)` on TensorFlow, `jax.jit` on JAX, the
+  model's variables passed as arguments; eager on torch).
+- `beam_search_loop(model, encoder_inputs, max_length, start_id, end_id, beam_width=4,
+  length_penalty=0.6, suppress_ids=(), *, repetition_penalty=None, no_repeat_ngram_size=0,
+  return_scores=False, return_alignment=False) -> Beams`: the loop itself, tensors in and
+  tensors out, for a caller's own graph (a SavedModel's `tf.function`): `encoder_inputs` an
+  int `(B, S)` tensor, `Beams(tokens (B, T) int32, sequence_scores (B,) float32,
+  token_scores, alignment)` (the last two None unless asked). The settings are Python
+  values checked by the caller (`beam_search` checks them), `repetition_penalty` may be a
+  scalar float tensor.
+"""
+
+import weakref
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_attn._typing import TensorLike
+from keras_attn.arguments import check_finite_number, check_positive_int
+from keras_attn.models.logits_processors import check_no_repeat_ngram_size, check_repetition_penalty
+
+# `keras_attn.models.decoding` imports this module (its `beam_search` name): the functions
+# below import it when they run.
+
+
+class Beams(NamedTuple):
+    """`beam_search_loop`'s result: each example's best hypothesis.
+
+    tokens: int32 `(B, T)`, 0 after the end token.
+    sequence_scores: float32 `(B,)`, its `log p(Y | x) / lp(|Y|)`.
+    token_scores: float32 `(B, T)`, the model's log-probability of each token (0.0 after
+        the end), or None.
+    alignment: float32 `(B, T, S)`, the steps' alignment at each token (0 after the end),
+        or None.
+    """
+
+    tokens: TensorLike
+    sequence_scores: TensorLike
+    token_scores: TensorLike | None = None
+    alignment: TensorLike | None = None
+
+
+def length_penalty_factor(length: TensorLike, alpha: float) -> TensorLike:
+    """GNMT's `lp(|Y|) = ((5 + |Y|) / 6) ** alpha` (Wu et al. 2016), float32."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+
+
+def beam_search(
+    model: keras.Model,
+    encoder_inputs: TensorLike,
+    max_length: int,
+    start_id: int | None = None,
+    end_id: int | None = None,
+    beam_width: int = 4,
+    length_penalty: float = 0.6,
+    suppress_ids: Sequence[int] | np.ndarray = (),
+    *,
+    return_scores: bool = False,
+    return_alignment: bool = False,
+    repetition_penalty: float | None = None,
+    no_repeat_ngram_size: int = 0,
+    jit_compile: bool = True,
+) -> tuple[np.ndarray, ...]:
+    """Beam search over cached decoding steps, ranking `log p(Y | x) / lp(|Y|)`.
+
+    Keeps the `beam_width` best prefixes of every example; a prefix that
+    emitted `end_id` is finished and only extends with padding at no cost
+    (padding is never emitted otherwise, nor are the `suppress_ids`).
+    Hypotheses are ranked by their log-probability divided by GNMT's length
+    penalty `lp(|Y|) = ((5 + |Y|) / 6) ** length_penalty` (0 ranks by
+    log-probability alone); of equal candidates the one of the lower beam, then
+    the lower token id, ranks first. With `beam_width=1` this is greedy decoding.
+    The search stops when every hypothesis has finished, or after `max_length` tokens.
+
+    The ranking runs in float32 inside one loop of `keras.ops` (`beam_search_loop`),
+    compiled with `jit_compile` on TensorFlow (XLA) and JAX (`jax.jit`), traced once per
+    model, settings and input shape (and again after a change of the model's variables, as
+    `keras_attn.models.generate`); torch runs it eagerly. (On JAX `ops.while_loop` is
+    `lax.while_loop`: `jit_compile=False` compiles the loop too, at every call.) Sums and
+    normalized scores are float32: two candidates within float32 rounding of each other
+    (about 1e-7 relative) may rank in the other order than in exact arithmetic.
+
+    With `repetition_penalty` or `no_repeat_ngram_size`, each hypothesis' logits pass
+    through `keras_attn.models.logits_processors` (CTRL's penalty on the tokens already in
+    the hypothesis, a language model's prompt included; then the tokens that would repeat an
+    n-gram of the hypothesis ruled out) before the log-softmax that ranks them, so the
+    sequence score is under that processed distribution; `return_scores`' token scores
+    stay the model's own.
+
+    Args:
+        model: a zoo seq2seq model, or a language model (`transformer_lm`).
+        encoder_inputs: int tokens `(B, S)`, 0 = padding (a language model's
+            prompts).
+        max_length: longest output.
+        start_id: the token fed at the first step; `None` for a language
+            model (it continues its prompt).
+        end_id: the end-of-sequence token (required).
+        beam_width: hypotheses kept per example.
+        length_penalty: the exponent `alpha`, a finite number.
+        suppress_ids: token ids never emitted (as in `greedy_decode`).
+        return_scores: also return the best hypothesis' per-token log-probabilities under
+            the model: `log_softmax(raw logits)` at each chosen token (before padding and
+            `suppress_ids` are ruled out and before the penalties), 0.0 after the end.
+        return_alignment: also return its alignment at each token (a seq2seq model whose
+            steps give one: the last decoder block's cross-attention averaged over heads,
+            the RNN's attention weights), 0 after the end.
+        repetition_penalty: None or 1 (off), or CTRL's penalty `> 0`.
+        no_repeat_ngram_size: 0 (off), or `n`: no n-gram occurs twice in a hypothesis
+            (a language model's prompt included).
+        jit_compile: compile the loop (TensorFlow, JAX).
+
+    Returns:
+        `(tokens, sequence_scores)`: int32 NumPy `(B, max_length)` (0 after `end_id`) and
+        the best hypothesis' normalized score, float32 `(B,)`; then float32 `token_scores`
+        `(B, max_length)` if `return_scores`, then float32 `alignment`
+        `(B, max_length, S)` if `return_alignment`.
+
+    Raises:
+        ValueError: as `greedy_decode`, a missing `end_id`, a `beam_width`
+            that is not a positive integer, a `length_penalty` that is
+            not a finite number (NaN would rank every hypothesis alike), a bad
+            `repetition_penalty` or `no_repeat_ngram_size`, or `return_alignment` for a
+            model whose steps give no alignment.
+
+    Example:
+
+    >>> from keras_attn.models import transformer_seq2seq
+    >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
+    >>> tokens, scores = beam_search(model, np.ones((2, 7), "int32"), 4, start_id=1, end_id=2)
+    >>> print(tokens.shape, scores.shape)
+    (2, 4) (2,)
+    >>> _, _, token_scores, alignment = beam_search(
+    ...     model, np.ones((2, 7), "int32"), 4, 1, 2, return_scores=True, return_alignment=True)
+    >>> print(token_scores.shape, alignment.shape)
+    (2, 4) (2, 4, 7)
+
+    Reference:
+        Wu et al., 2016, "Google's Neural Machine Translation System",
+        https://arxiv.org/abs/1609.08144 (length penalty)
+    """
+    from keras_attn.models import decoding
+
+    steps = decoding.decoding_steps(model)
+    vocab_size = decoding.decoder_vocab_size(steps, model)
+    max_length, start_id, end_id = decoding.check_lengths(max_length, start_id, end_id, vocab_size)
+    if end_id is None:
+        raise ValueError("`end_id` (the end-of-sequence token) is required by beam search.")
+    beam_width = check_positive_int("beam_width", beam_width)
+    length_penalty = check_finite_number("length_penalty", length_penalty)
+    suppress_ids = decoding.check_suppress_ids(suppress_ids, vocab_size)
+    repetition_penalty = check_repetition_penalty(repetition_penalty)
+    no_repeat_ngram_size = check_no_repeat_ngram_size(no_repeat_ngram_size)
+    if return_alignment:
+        decoding._alignment_step(steps)  # raises for steps without an alignment
+    source = np.asarray(ops.convert_to_numpy(encoder_inputs)).astype("int32")
+    if source.shape[0] == 0:  # no examples: no hypotheses to rank
+        empty = Beams(
+            np.zeros((0, max_length), "int32"),
+            np.zeros((0,), "float32"),
+            np.zeros((0, max_length), "float32") if return_scores else None,
+            np.zeros((0, max_length, source.shape[1]), "float32") if return_alignment else None,
+        )
+        return _outputs(empty)
+    settings = (max_length, start_id, end_id, beam_width, length_penalty, suppress_ids)
+    options = {
+        "repetition_penalty": None if repetition_penalty == 1.0 else repetition_penalty,
+        "no_repeat_ngram_size": no_repeat_ngram_size,
+        "return_scores": bool(return_scores),
+        "return_alignment": bool(return_alignment),
+    }
+    if not jit_compile or keras.backend.backend() == "torch":
+        return _outputs(beam_search_loop(model, source, *settings, **options))
+    from keras_attn.models import lm_generation
+
+    # The compiled loop lives as long as the model (a weak key): it must not hold it.
+    model_ref = weakref.ref(model)
+    penalized = options.pop("repetition_penalty") is not None
+
+    def loop(source, penalty):  # the penalty a tensor: one trace serves every value
+        return beam_search_loop(
+            model_ref(), source, *settings, repetition_penalty=penalty if penalized else None,
+            **options,
+        )  # fmt: skip
+
+    key = ("beam_search", *settings, penalized, *options.values())
+    function = lm_generation._compiled_loop(model, key, loop)
+    return _outputs(function(source, np.float32(repetition_penalty)))
+
+
+def _outputs(beams):
+    """The public return value: NumPy `(tokens, sequence_scores[, token_scores][, alignment])`."""
+    return tuple(np.asarray(ops.convert_to_numpy(value)) for value in beams if value is not None)
+
+
+def beam_search_loop(
+    model: keras.Model,
+    encoder_inputs: TensorLike,
+    max_length: int,
+    start_id: int | None,
+    end_id: int,
+    beam_width: int = 4,
+    length_penalty: float = 0.6,
+    suppress_ids: tuple[int, ...] = (),
+    *,
+    repetition_penalty: float | TensorLike | None = None,
+    no_repeat_ngram_size: int = 0,
+    return_scores: bool = False,
+    return_alignment: bool = False,
+    steps: Any = None,
+) -> Beams:
+    """`beam_search` as tensors: one `ops.while_loop` over the `B * K` hypotheses.
+
+    Every step feeds each hypothesis' last token, takes `log_softmax` of its processed
+    logits (padding and `suppress_ids` ruled out, then the repetition controls), extends
+    each of the `K` hypotheses of an example with each token (a finished one with padding
+    only, at no cost), and keeps the `K` best of the `K * V` candidates by
+    `log p / lp(|Y|)` (the lowest flat index `beam * V + token` first among equals:
+    `ops.top_k`, a stable sort on torch); the decoding state and the hypotheses' buffers
+    follow their parents (`ops.take` along the batch axis). It stops when every hypothesis
+    has finished or after `max_length` steps, and returns each example's best by
+    `log p / lp(max(|Y|, 1))`.
+
+    Runs eagerly, inside a `tf.function` (XLA too) or `jax.jit`.
+
+    Args:
+        model: a zoo seq2seq or language model, as `beam_search`.
+        encoder_inputs: int `(B, S)` tokens (a tensor or an array).
+        max_length, start_id, end_id, beam_width, length_penalty, suppress_ids: Python
+            values, checked as `beam_search` checks them (`suppress_ids` a sorted tuple).
+        repetition_penalty: None (off), a positive Python float or a scalar float tensor.
+        no_repeat_ngram_size: 0 (off) or `n >= 1`.
+        return_scores, return_alignment: as `beam_search`.
+        steps: the decoding-steps object; by default `decoding_steps(model)`.
+
+    Returns:
+        `Beams(tokens, sequence_scores, token_scores, alignment)`: tensors, the last two
+        None unless asked.
+
+    Example:
+
+    >>> from keras_attn.models import transformer_seq2seq
+    >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
+    >>> beams = beam_search_loop(model, np.ones((2, 7), "int32"), 4, 1, 2, beam_width=3)
+    >>> print(beams.tokens.shape, beams.sequence_scores.shape, beams.token_scores)
+    (2, 4) (2,) None
+    """
+    from keras_attn.models import decoding
+
+    # `DecodingLoop`'s carry for the B*K hypotheses (the tokens fed, `outputs`, `finished`,
+    # the steps' `state`, the buffers asked for), its step's logits and repetition controls
+    decode = decoding.DecodingLoop(
+        steps or decoding.decoding_steps(model), start_id, end_id, None, suppress_ids,
+        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+        return_scores=return_scores, return_alignment=return_alignment,
+    )  # fmt: skip
+    source = ops.convert_to_tensor(encoder_inputs, "int32")
+    batch, width = ops.shape(source)[0], beam_width
+    source = ops.repeat(source, width, axis=0)  # (B*K, S): each example's K hypotheses
+    rows = batch * width
+    hypotheses = decode.start(source, max_length)
+    first = ops.arange(rows, dtype="int32") % width == 0  # (B*K,): each example's first
+    hypotheses["log_probs"] = ops.where(first, 0.0, float("-inf"))  # one live to start from
+    hypotheses["lengths"] = ops.zeros((rows,), "float32")
+
+    def step(index, hypotheses):
+        logits, state, *alignment = decode._step(hypotheses["tokens"], index, hypotheses["state"])
+        logits = ops.cast(logits, "float32")  # (B*K, V)
+        vocab = ops.shape(logits)[-1]
+        processed = decode._controlled(decoding._ruled_out(logits, suppress_ids), index, hypotheses)
+        finished = hypotheses["finished"]
+        pad_only = ops.where(ops.arange(vocab) == 0, 0.0, float("-inf"))  # (V,)
+        step_log_probs = ops.where(
+            ops.expand_dims(finished, 1), pad_only, ops.log_softmax(processed, axis=-1)
+        )  # a finished hypothesis extends with padding, at no cost
+        candidates = ops.expand_dims(hypotheses["log_probs"], 1) + step_log_probs  # (B*K, V)
+        new_lengths = hypotheses["lengths"] + ops.cast(ops.logical_not(finished), "float32")
+        ranked = candidates / ops.expand_dims(length_penalty_factor(new_lengths, length_penalty), 1)
+        best = _best(ops.reshape(ranked, (batch, -1)), width)  # (B, K): beam * V + token
+        token = ops.reshape(best % vocab, (-1,))  # (B*K,)
+        parents = ops.reshape(
+            best // vocab + ops.expand_dims(ops.arange(batch, dtype="int32") * width, 1), (-1,)
+        )  # (B*K,): each new hypothesis' parent row
+        chosen = parents * vocab + token  # in the flattened (B*K*V,) candidates
+        kept = keras.tree.map_structure(
+            lambda s: ops.take(s, parents, axis=0), {**hypotheses, "state": state}
+        )
+        parent_finished = kept["finished"]
+        kept["log_probs"] = ops.take(ops.reshape(candidates, (-1,)), chosen)
+        kept["lengths"] = ops.take(new_lengths, parents)
+        kept["finished"] = ops.logical_or(parent_finished, ops.equal(token, end_id))
+        kept["tokens"] = token
+        kept["outputs"] = decoding._write(kept["outputs"], index, token)
+        if return_scores:  # the model's own log-probability of the token
+            raw = ops.take(ops.reshape(ops.log_softmax(logits, axis=-1), (-1,)), chosen)
+            raw = ops.where(parent_finished, 0.0, raw)
+            kept["scores"] = decoding._write(kept["scores"], index, raw)
+        if return_alignment:
+            (alignment,) = alignment  # (B*K, S)
+            alignment = ops.take(ops.cast(alignment, "float32"), parents, axis=0)
+            alignment = ops.where(ops.expand_dims(parent_finished, 1), 0.0, alignment)
+            kept["alignment"] = decoding._write(kept["alignment"], index, alignment)
+        return index + 1, kept
+
+    def searching(index, hypotheses):
+        return ops.logical_and(index < max_length, ops.logical_not(ops.all(hypotheses["finished"])))
+
+    index = ops.convert_to_tensor(0, "int32")
+    _, hypotheses = ops.while_loop(searching, step, (index, hypotheses))
+    final = hypotheses["log_probs"] / length_penalty_factor(
+        ops.maximum(hypotheses["lengths"], 1.0), length_penalty
+    )  # (B*K,)
+    choice = ops.argmax(ops.reshape(final, (batch, width)), axis=-1)  # the first best
+    best = ops.cast(choice, "int32") + ops.arange(batch, dtype="int32") * width  # (B,)
+    tokens, scores, alignment = (
+        None if value is None else ops.take(value, best, axis=0)
+        for value in decode.result(hypotheses)
+    )  # fmt: skip
+    return Beams(tokens, ops.take(final, best), scores, alignment)
+
+
+def _best(ranked, k):
+    """int32 `(B, k)`: the indices of each row's `k` largest values, the lowest index first
+    among equals (`ops.top_k` does this on TensorFlow and JAX; torch's `topk` orders ties
+    arbitrarily, so there a stable sort)."""
+    if keras.backend.backend() == "torch":
+        return ops.argsort(-ranked, axis=-1)[:, :k]  # stable: ties keep their order
+    return ops.cast(ops.top_k(ranked, k)[1], "int32")
