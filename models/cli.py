@@ -4,7 +4,8 @@
     keras-attn train TASK [--dataset NAME] [--data-dir DIR] [--epochs N]
                           [--attention additive|none] [--export DIR] [--plot FILE]
                           [--output DIR] ...
-    keras-attn predict TASK [TEXT ...] [--runs-dir DIR]
+    keras-attn predict TASK [TEXT ...] [--runs-dir DIR] [--stream] [--temperature T]
+                       [--top-k K] [--top-p P] [--seed S]
 
 A command's options may come before, between or after its positional arguments.
 The default of every generated task needs no network: its tfds builder
@@ -233,26 +234,83 @@ def _parser():
         default=OUTPUT,
         help="the run's directory, train's --output (default: ./%(default)s)",
     )
+    predict.add_argument(
+        "--stream", action="store_true",
+        help="transformer-lm: print the words as they are generated (each text continued "
+        "alone: sampled with --seed, the draws of a batch of one)",
+    )  # fmt: skip
+    predict.add_argument(
+        "--temperature", type=float,
+        help="transformer-lm: sample at this temperature (0: greedy; default: greedy, or 1 "
+        "with --top-k, --top-p or --seed)",
+    )  # fmt: skip
+    predict.add_argument("--top-k", type=int, help="transformer-lm: sample among the k likeliest")
+    predict.add_argument("--top-p", type=float, help="transformer-lm: the nucleus mass, in (0, 1]")
+    predict.add_argument("--seed", type=int, help="transformer-lm: the sampling seed")
     return parser
+
+
+_SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
+
+
+def _generation(args):
+    """`predict`'s generation settings from its flags (`generate`'s arguments): greedy unless
+    a sampling flag is given; `ValueError` naming the flag for a bad value."""
+    from keras_attn.models.sampling import check_sampling
+
+    given = {name: getattr(args, name) for name in _SAMPLING_FLAGS}
+    if all(value is None for value in given.values()):
+        return {}
+    temperature = 1.0 if given["temperature"] is None else given["temperature"]
+    try:
+        temperature, top_k, top_p, seed = check_sampling(
+            temperature, given["top_k"], given["top_p"], given["seed"]
+        )
+    except ValueError as error:  # name the flag, not the argument
+        message = str(error)
+        for name in _SAMPLING_FLAGS:
+            message = message.replace(f"`{name}`", f"--{name.replace('_', '-')}")
+        raise ValueError(message) from None
+    return dict(sampler="sample", temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
 
 def _predict(args):
     """`keras-attn predict`: one line per input, in order; exit status 1 without a run."""
     from keras_attn.models import text
 
+    try:
+        generation = _generation(args)
+    except ValueError as error:
+        print(f"keras-attn predict: error: {error}", file=sys.stderr)
+        return 2
     texts = args.text if args.text else [line.rstrip("\n") for line in sys.stdin]
     try:
         model = text.load_run(args.task, args.runs_dir)
     except (FileNotFoundError, ValueError) as error:
         print(f"keras-attn predict: error: {error}", file=sys.stderr)
         return 1
+    if (generation or args.stream) and not isinstance(model, text.TextLanguageModel):
+        flag = "--stream" if args.stream else "--temperature, --top-k, --top-p, --seed"
+        print(
+            f"keras-attn predict: error: {flag}: only a language model's task (transformer-lm) "
+            f"generates by sampling or streams. Received: task={args.task!r}",
+            file=sys.stderr,
+        )
+        return 2
     for sentence in model.outside_training(texts):  # once per run, each kind
         print(
             f"keras-attn predict: warning: {sentence}: the outputs of such inputs may be "
             "meaningless",
             file=sys.stderr,
         )
-    for output in model.predict_text(texts):
+    if args.stream:
+        for one in texts:  # each input's words as they come, then its line's end
+            words = (w for (w,) in model.stream_text([one], **generation) if w)
+            for i, word in enumerate(words):
+                print(f"{' ' if i else ''}{word}", end="", flush=True)
+            print()
+        return 0
+    for output in model.predict_text(texts, **generation):  # (settings: a language model's)
         print(output)
     return 0
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-TF_ALONE = """
+HIDDEN = """
 import json, sys
 
 class Hide:
@@ -27,7 +27,11 @@ class Hide:
 
 sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
 import tensorflow as tf
+"""
 
+TF_ALONE = (
+    HIDDEN
+    + """
 loaded = tf.saved_model.load(sys.argv[1])
 texts = tf.constant(json.loads(sys.argv[2]))
 out = loaded.signatures["serving_default"](text=texts)
@@ -39,6 +43,7 @@ except TypeError as error:
     result["error"] = str(error)
 print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("keras")), **result}))
 """
+)
 
 
 def tensorflow_alone(path, texts):
@@ -53,3 +58,17 @@ def tensorflow_alone(path, texts):
     assert result.pop("modules") == []
     assert "name='text'" in result.pop("error")  # a number tensor: refused, naming `text`
     return result
+
+
+def run_tensorflow_alone(path, script, argument):
+    """Runs `script` where `keras` and `keras_attn` cannot be imported, with `sys.argv[1]` the
+    SavedModel `path` and `sys.argv[2]` `argument` as JSON; returns what its last printed
+    line holds (JSON)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("PYTHONPATH", None)
+    completed = subprocess.run(
+        [sys.executable, "-c", HIDDEN + script, str(path), json.dumps(argument)],
+        cwd=path.parent, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])

@@ -202,3 +202,91 @@ def _check_tokens(lookup, **tokens):
         # (A lookup deserialized from a `.keras` file gets its vocabulary after this.)
         if len(vocabulary) > 2 and token not in vocabulary:
             raise ValueError(f"`{name}` must be a token of the vocabulary. Received: {token!r}")
+
+
+# ---------------------------------------------------------------------------
+# The exported `generate`: per-request settings as scalar tensors
+# ---------------------------------------------------------------------------
+
+
+def _generation_specs():
+    """The `generate` signature's inputs: `text` `(B,)` and the scalar settings, by name."""
+    import tensorflow as tf
+
+    return [
+        tf.TensorSpec((None,), tf.string, name="text"),
+        tf.TensorSpec((), tf.int32, name="max_length"),
+        tf.TensorSpec((), tf.float32, name="temperature"),
+        tf.TensorSpec((), tf.int32, name="top_k"),
+        tf.TensorSpec((), tf.float32, name="top_p"),
+        tf.TensorSpec((), tf.int32, name="seed"),
+        tf.TensorSpec((), tf.float32, name="repetition_penalty"),
+    ]
+
+
+def _checked_settings(limit, **settings):
+    """The `generate` signature's settings, each gated on a `tf.debugging.Assert` naming it.
+
+    `max_length` in `[1, limit]`, `temperature` finite and `>= 0`, `top_k >= 0`, `top_p` in
+    `(0, 1]`, `repetition_penalty` finite and `> 0`: the error names the argument and the
+    received value, before anything runs on a bad one (no shape error from deep inside).
+    """
+    import tensorflow as tf
+
+    def finite(x):
+        return tf.math.is_finite(x)
+
+    rules = {
+        "max_length": (lambda x: (x >= 1) & (x <= limit), f"in [1, {limit}]"),
+        "temperature": (lambda x: finite(x) & (x >= 0), "a finite number >= 0 (0 = greedy)"),
+        "top_k": (lambda x: x >= 0, "an integer >= 0 (0 = off)"),
+        "top_p": (lambda x: (x > 0) & (x <= 1), "in (0, 1] (1 = off)"),
+        "repetition_penalty": (lambda x: finite(x) & (x > 0), "a finite number > 0 (1 = off)"),
+    }
+    asserts = [
+        tf.debugging.Assert(
+            rules[name][0](value), [f"`{name}` must be {rules[name][1]}. Received: {name}=", value]
+        )
+        for name, value in settings.items()
+        if name in rules
+    ]
+    with tf.control_dependencies(asserts):
+        return {name: tf.identity(value) for name, value in settings.items()}
+
+
+def _uniform_draws(seed, max_length, batch):
+    """float32 `(max_length, batch)` draws from `U[0, 1)`: on TensorFlow, what
+    `keras.random.uniform((max_length, batch), seed=seed)` draws for a Python int `seed`
+    (`[seed, 0]` int64, mod `2**31 - 2`, as int32: the stateless Philox seed), with a tensor
+    `seed`; so an exported `generate` samples what Python's `generate` samples."""
+    import tensorflow as tf
+
+    pair = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
+    pair = tf.cast(tf.math.floormod(pair, tf.int32.max - 1), tf.int32)
+    shape = tf.stack([tf.cast(max_length, tf.int32), tf.cast(batch, tf.int32)])
+    return tf.random.stateless_uniform(
+        shape, seed=pair, minval=tf.constant(0.0), maxval=tf.constant(1.0), dtype=tf.float32
+    )
+
+
+def _sampled_generation(steps, source, start_id, end_id, suppress_ids, settings):
+    """`keras_attn.models.decoding._decode` with checked tensor `settings` (`_checked_settings`):
+    `sample_tokens_with` on draws from `seed` (`_uniform_draws`); returns its `Decoded`
+    (tokens and scores)."""
+    import tensorflow as tf
+
+    from keras_attn.models.decoding import _decode
+    from keras_attn.models.sampling import sample_tokens_with
+
+    uniform = _uniform_draws(settings["seed"], settings["max_length"], tf.shape(source)[0])
+
+    def choose(logits, index):
+        row = tf.gather(uniform, index)  # (B,)
+        return sample_tokens_with(
+            logits, row, settings["temperature"], settings["top_k"], settings["top_p"]
+        )
+
+    return _decode(
+        steps, source, settings["max_length"], start_id, end_id, choose, suppress_ids,
+        repetition_penalty=settings["repetition_penalty"], return_scores=True,
+    )  # fmt: skip

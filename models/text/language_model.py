@@ -1,6 +1,7 @@
 """`TextLanguageModel`: a language model with its vocabulary, a prompt in, its continuation out."""
 
 import tempfile
+from collections.abc import Iterator
 
 import keras
 import numpy as np
@@ -13,8 +14,11 @@ from keras_attn.models.text.base import (
     _at_least_one_column,
     _check_export_backend,
     _check_tokens,
+    _checked_settings,
+    _generation_specs,
     _join_words,
     _positive,
+    _sampled_generation,
     _strings,
     _TextModel,
     _unfamiliar,
@@ -198,18 +202,77 @@ class TextLanguageModel(_TextModel):
         vocabulary = tf.constant(self.lookup.get_vocabulary())
         return [t.decode("utf-8") for t in _join_words(tokens, vocabulary, self.end_token).numpy()]
 
+    def stream_text(self, text, **generation) -> Iterator[list]:
+        """Continues a batch of prompts word by word, as the words are made.
+
+        `keras_attn.models.generate(..., stream=True)`: the same tokens as `continue_ids`
+        (the same settings), read one step at a time; it stops once every prompt has ended.
+        `" ".join` of a prompt's non-empty words is its `predict_text` output.
+
+        Args:
+            text: strings `(B,)`.
+            **generation: as in `continue_ids` (greedy or `sampler="sample"`).
+
+        Yields:
+            A list of `B` Python strings per step: each prompt's new word, `""` once it
+            has ended (the end token is not a word).
+
+        Example:
+
+        >>> for words in text_model.stream_text(["the movie is"]):  # doctest: +SKIP
+        ...     print(words[0], end=" ", flush=True)
+        """
+        from keras_attn.models.lm_generation import generate
+
+        prompts = np.asarray(self.prompt_ids(text))
+        if not len(prompts):  # no prompts, no words
+            return
+        generation.setdefault("jit_compile", False)
+        generation.setdefault("suppress_ids", self._suppress_ids())
+        vocabulary, end_id = self.lookup.get_vocabulary(), self._end_id()
+        ended = np.zeros(len(prompts), bool)
+        steps = generate(
+            self.language_model, prompts, self.max_length, end_id, stream=True, **generation
+        )
+        for tokens in steps:
+            ended |= tokens == end_id
+            yield ["" if t == end_id else vocabulary[t] for t in tokens.tolist()]  # 0: ""
+            if ended.all():
+                return
+
     def outside_training(self, text) -> list:
         """What sets prompts of `text` apart from the training texts, in sentences (none:
         nothing): how many have words outside the vocabulary (of the words kept)."""
         return _unfamiliar(self.prompt_ids(text))
 
     def export_text(self, path: str) -> None:
-        """A SavedModel of a prompt in, its greedy continuation out (no `suppress_tokens`), the
-        vocabulary in `assets/`.
+        """A SavedModel of a prompt in, its continuation out (never a `suppress_tokens` token),
+        the vocabulary in `assets/`.
 
-        Signatures: `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`;
-        `greedy_decode`: prompt ids `prompts` `(B, P)` int64 (0 = padding, either side) ->
-        the new tokens `(B, max_length)` int32; `serve`: the token model (ids -> logits).
+        Signatures:
+
+        - `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`, greedy;
+        - `generate`: `text` `(B,)` and scalars `max_length` int32 (at most the model's
+          `max_length`), `temperature` float32 (0 = greedy), `top_k` int32 (0 = off), `top_p`
+          float32 (1 = off), `seed` int32, `repetition_penalty` float32 (1 = off) ->
+          `{"text": (B,), "tokens": (B, max_length) int32, "scores": (B, max_length)
+          float32}` (each token's log-probability under the model, 0 after the end): for
+          the same settings and seed, the tokens of Python's `continue_ids` /
+          `keras_attn.models.generate` on TensorFlow (`sampler="sample"`, or `"greedy"` for
+          temperature 0). A bad setting fails a `tf.debugging` assert naming it;
+        - `prefill`: prompt ids `tokens` `(B, P)` int64 (0 = padding, either side) ->
+          `logits` `(B, V)` of the first new token (padding and `suppress_tokens` at
+          `-inf`), the KV cache: `keys` and `values` `(B, L, S, g, d)` (every block's, in
+          keras-hub's layout; `L` blocks, `g` key/value heads, `S = P - 1 + max_length`
+          positions) and `valid` bool `(B, S)` (its real positions), `positions` int32
+          `(B,)` (each row's next position) and `index` int32 `()` (1);
+        - `decode_step`: `token` int64 `(B,)` (the last chosen), `keys`, `values`, `valid`,
+          `positions`, `index` -> the next `logits` and the updated `keys`, `values`, `valid`,
+          `positions`, `index` (+ 1; at most `max_length - 1` steps after `prefill`: an
+          `index` outside `[1, max_length)` fails a `tf.debugging` assert naming it).
+          Converts to TFLite with builtin ops only;
+        - `greedy_decode`: prompt ids `prompts` `(B, P)` int64 (0 = padding, either side) ->
+          the new tokens `(B, max_length)` int32; `serve`: the token model (ids -> logits).
 
         Args:
             path: the SavedModel directory, written atomically.
@@ -217,6 +280,7 @@ class TextLanguageModel(_TextModel):
         import tensorflow as tf
 
         from keras_attn.models.decoding import greedy_decode
+        from keras_attn.models.transformer_lm import LanguageModelSteps
 
         _check_export_backend()
         model, end_id, suppress_ids = self.language_model, self._end_id(), self._suppress_ids()
@@ -239,6 +303,7 @@ class TextLanguageModel(_TextModel):
             lambda tokens: model(tf.cast(tokens, tf.int32), training=False),
             input_signature=[tf.TensorSpec((None, None), tf.int64, name="tokens")],
         )
+        self._add_streaming(archive)
         with tempfile.TemporaryDirectory() as scratch:
             vocabulary = self.lookup.get_vocabulary()
             vocabulary_file = _vocabulary_file(scratch, "vocabulary.txt", vocabulary)
@@ -256,7 +321,85 @@ class TextLanguageModel(_TextModel):
                 return {"text": _join_words(tokens, words(all_ids), self.end_token)}
 
             archive.add_endpoint("serving_default", serving_default)
+
+            @tf.function(input_signature=_generation_specs(), autograph=False)
+            def generate(text, max_length, temperature, top_k, top_p, seed, repetition_penalty):
+                settings = _checked_settings(
+                    self.max_length, max_length=max_length, temperature=temperature,
+                    top_k=top_k, top_p=top_p, seed=seed, repetition_penalty=repetition_penalty,
+                )  # fmt: skip
+                decoded = _sampled_generation(
+                    LanguageModelSteps(model), self.prompt_ids(text, lookup), None, end_id,
+                    suppress_ids, settings,
+                )  # fmt: skip
+                text = _join_words(decoded.tokens, words(all_ids), self.end_token)
+                return {"text": text, "tokens": decoded.tokens, "scores": decoded.scores}
+
+            archive.add_endpoint("generate", generate)
             write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
+
+    def _add_streaming(self, archive):
+        """The `prefill` and `decode_step` endpoints (`export_text`): the KV cache in and out
+        as tensors, every block's keys and values in keras-hub's layout (`KVCache.to_stacked`
+        / `from_stacked`), stacked on axis 1."""
+        import tensorflow as tf
+
+        from keras_attn.cache import KVCache
+        from keras_attn.models.decoding import _ruled_out
+        from keras_attn.models.transformer_lm import LanguageModelState, LanguageModelSteps
+
+        model, suppress_ids, max_length = self.language_model, self._suppress_ids(), self.max_length
+
+        def outputs(logits, state, index):
+            stacked = [c.to_stacked() for c in state.caches]  # L of (B, 2, S, g, d)
+            return {
+                "logits": _ruled_out(tf.cast(logits, tf.float32), suppress_ids),  # (B, V)
+                "keys": tf.stack([s[:, 0] for s in stacked], axis=1),  # (B, L, S, g, dk)
+                "values": tf.stack([s[:, 1] for s in stacked], axis=1),  # (B, L, S, g, dv)
+                "valid": state.caches[0].valid,  # (B, S): the same in every block
+                "positions": state.positions,  # (B,)
+                "index": index,
+            }
+
+        @tf.function(
+            input_signature=[tf.TensorSpec((None, None), tf.int64, name="tokens")], autograph=False
+        )
+        def prefill(tokens):
+            # Full caches (a sliding window's ring too: its positions are the signature's)
+            steps, tokens = LanguageModelSteps(model, ring=False), tf.cast(tokens, tf.int32)
+            state = steps.start(tokens, max_length)
+            logits, state = steps.step(steps.start_tokens(tokens), 0, state)
+            return outputs(logits, state, tf.constant(1, tf.int32))
+
+        traced = prefill.get_concrete_function().structured_outputs
+
+        def spec(name):
+            return tf.TensorSpec(traced[name].shape, traced[name].dtype, name=name)
+
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec((None,), tf.int64, name="token"),
+                *(spec(name) for name in ("keys", "values", "valid", "positions", "index")),
+            ],
+            autograph=False,
+        )
+        def decode_step(token, keys, values, valid, positions, index):
+            in_range = tf.logical_and(index >= 1, index < max_length)
+            message = f"`index` must be in [1, {max_length}) (prefill's, then decode_step's)."
+            with tf.control_dependencies([tf.debugging.Assert(in_range, [message, index])]):
+                index = tf.identity(index)
+            steps = LanguageModelSteps(model, ring=False)
+            steps._max_length = max_length  # what `start` sets: the cache's new positions
+            caches = [  # (5-D tensors at most: TFLite's slices take no more)
+                KVCache.from_stacked(tf.stack([keys[:, i], values[:, i]], axis=1), valid)
+                for i in range(len(steps.blocks))
+            ]
+            state = LanguageModelState(caches=caches, positions=positions)
+            logits, state = steps.step(tf.cast(token, tf.int32), index, state)
+            return outputs(logits, state, index + 1)
+
+        archive.add_endpoint("prefill", prefill)
+        archive.add_endpoint("decode_step", decode_step)
 
     def get_config(self):
         config = super().get_config()

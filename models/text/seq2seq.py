@@ -12,8 +12,11 @@ from keras_attn.models.text.base import (
     _at_least_one_column,
     _check_export_backend,
     _check_tokens,
+    _checked_settings,
+    _generation_specs,
     _join_words,
     _positive,
+    _sampled_generation,
     _strings,
     _TextModel,
     _unfamiliar,
@@ -147,22 +150,46 @@ class TextSeq2Seq(_TextModel):
         out = self._ids_to_text(np.asarray(tokens), source, vocabulary)
         return [t.decode("utf-8") for t in out.numpy()]
 
-    def export_text(self, path: str) -> None:
+    def export_text(self, path: str, beam_width: int = 4) -> None:
         """A SavedModel of text in, text out, its vocabularies in `assets/`.
 
-        Signatures: `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`;
-        `greedy_decode`: source ids `encoder_inputs` `(B, S)` int64 -> tokens
-        `(B, max_length)` int32 (TFLite: builtin ops for a Transformer); `serve`: the
-        teacher-forced logits (as `export_seq2seq`).
+        Signatures:
+
+        - `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`, greedy;
+        - `generate`: `text` `(B,)` and scalars `max_length` int32 (at most the model's
+          `max_length`), `temperature` float32 (0 = greedy), `top_k` int32 (0 = off),
+          `top_p` float32 (1 = off), `seed` int32, `repetition_penalty` float32 (1 = off)
+          -> `{"text": (B,), "tokens": (B, max_length) int32, "scores": (B, max_length)
+          float32}` (each token's log-probability under the model, 0 after the end): for
+          the same settings and seed, the tokens of Python's `sample_decode` on TensorFlow
+          (`greedy_decode` for temperature 0). A bad setting fails a `tf.debugging` assert
+          naming it;
+        - `beam_search`: `text` `(B,)` -> `{"text": (B,), "score": (B,) float32}`: beam
+          search of width `beam_width` (length penalty 0.6, at most `max_length` tokens),
+          the tokens of Python's `beam_search`, and the best hypothesis' normalized score;
+        - `greedy_decode`: source ids `encoder_inputs` `(B, S)` int64 -> tokens
+          `(B, max_length)` int32 (TFLite: builtin ops for a Transformer); `serve`: the
+          teacher-forced logits (as `export_seq2seq`).
 
         Args:
             path: the SavedModel directory, written atomically.
+            beam_width: the `beam_search` signature's hypotheses per example.
+
+        Raises:
+            ValueError: a `beam_width` that is not a positive integer, or a backend other
+                than TensorFlow.
         """
         import tensorflow as tf
 
+        from keras_attn.models.beam_decoding import beam_search_loop
+        from keras_attn.models.decoding import decoding_steps
         from keras_attn.models.seq2seq_export import seq2seq_archive
 
         _check_export_backend(" (`export_seq2seq` exports the token model from jax)")
+        if not _positive(beam_width):
+            raise ValueError(
+                f"`beam_width` must be a positive integer. Received: beam_width={beam_width!r}"
+            )
         start_id, end_id = self._ids()
         archive, decoder = seq2seq_archive(self.seq2seq, self.max_length, start_id, end_id)
         with tempfile.TemporaryDirectory() as scratch:
@@ -185,6 +212,32 @@ class TextSeq2Seq(_TextModel):
                 return {"text": self._ids_to_text(tokens, source, vocabulary)}
 
             archive.add_endpoint("serving_default", serving_default)
+
+            @tf.function(input_signature=_generation_specs(), autograph=False)
+            def generate(text, max_length, temperature, top_k, top_p, seed, repetition_penalty):
+                settings = _checked_settings(
+                    self.max_length, max_length=max_length, temperature=temperature,
+                    top_k=top_k, top_p=top_p, seed=seed, repetition_penalty=repetition_penalty,
+                )  # fmt: skip
+                source = self.source_ids(text, source_lookup)
+                steps = decoding_steps(self.seq2seq)
+                decoded = _sampled_generation(steps, source, start_id, end_id, (), settings)
+                text = self._ids_to_text(decoded.tokens, source, target_words(all_ids))
+                return {"text": text, "tokens": decoded.tokens, "scores": decoded.scores}
+
+            @tf.function(
+                input_signature=[tf.TensorSpec((None,), tf.string, name="text")], autograph=False
+            )
+            def beam_search(text):
+                source = self.source_ids(text, source_lookup)
+                beams = beam_search_loop(
+                    self.seq2seq, source, self.max_length, start_id, end_id, beam_width
+                )
+                text = self._ids_to_text(beams.tokens, source, target_words(all_ids))
+                return {"text": text, "score": beams.sequence_scores}
+
+            archive.add_endpoint("generate", generate)
+            archive.add_endpoint("beam_search", beam_search)
             write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
 
     def get_config(self):

@@ -135,6 +135,27 @@ def test_seq2seq_savedmodel_takes_text_with_tensorflow_alone(seq2seq_model, tmp_
         loaded.greedy_decode(tf.constant(source, tf.int64)),
         models.greedy_decode(seq2seq_model.seq2seq, source, 7, 2, 3),
     )
+    # `generate` (settings per request) and `beam_search` (width 4): Python's tokens, scores
+    settings = dict(max_length=5, temperature=0.75, top_k=3, top_p=0.9, seed=-7)
+    out = loaded.signatures["generate"](
+        text=tf.constant(TEXTS[:2]), repetition_penalty=tf.constant(1.5),
+        **{k: tf.constant(v, tf.float32 if isinstance(v, float) else tf.int32)
+           for k, v in settings.items()},
+    )  # fmt: skip
+    tokens, scores = models.decoding.sample_decode(
+        seq2seq_model.seq2seq, source, start_id=2, end_id=3, repetition_penalty=1.5,
+        return_scores=True, **settings,
+    )  # fmt: skip
+    np.testing.assert_array_equal(out["tokens"], tokens)
+    np.testing.assert_allclose(out["scores"], scores, atol=1e-5)
+    beams = loaded.signatures["beam_search"](text=tf.constant(TEXTS[:2]))
+    tokens, score = models.beam_search(seq2seq_model.seq2seq, source, 7, 2, 3, jit_compile=False)
+    words = [" ".join(TARGET[t] for t in row if t) for row in np.where(
+        np.cumsum(tokens == 3, axis=1) > 0, 0, tokens)]  # fmt: skip
+    assert [t.decode() for t in beams["text"].numpy()] == words
+    np.testing.assert_allclose(beams["score"], score, atol=1e-5)
+    with pytest.raises(ValueError, match="`beam_width` must be a positive integer. Received: "):
+        seq2seq_model.export_text(str(tmp_path / "none"), beam_width=0)
 
 
 REVIEWS = [

@@ -1,0 +1,277 @@
+"""Generation that serves: the in-graph sampler with tensor settings, and the language
+model's exported `generate`, `prefill` / `decode_step` signatures, called by TensorFlow alone,
+and `keras-attn predict --stream`.
+
+The references: `sample_tokens` / `greedy_tokens` (the Python draws) for the sampler, and
+Python's `keras_attn.models.generate` on the same prompts, settings and seed for the
+signatures. (A seq2seq export's `generate` and `beam_search`: tests/zoo/test_models_text.py,
+on its SavedModel.)
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_attn.models.sampling import greedy_tokens, sample_tokens, sample_tokens_with
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+@pytest.mark.backends
+def test_the_tensor_settings_sampler_draws_sample_tokens_draws():
+    """Random logits (ties and a ruled-out id), several settings as tensors: the tokens of
+    `sample_tokens` with the same settings (None for off), `greedy_tokens` at temperature 0."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(64, 11)).astype("float32") * 2
+    logits[:, 0] = -np.inf  # ruled out, as padding in the loop
+    if keras.backend.backend() != "torch":  # (torch's top_k orders ties as k has it)
+        logits[::4, 3] = logits[::4, 5]  # ties: the lowest id first
+    uniform = rng.uniform(size=64).astype("float32")
+    settings = [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 3, 1.0), (1.0, 0, 0.6), (0.75, 4, 0.8),
+                (1.0, 1, 1.0), (1.0, 20, 0.9), (1e-40, 0, 1.0)]  # fmt: skip
+    for temperature, top_k, top_p in settings:
+        tensors = [keras.ops.convert_to_tensor(x, d) for x, d in
+                   ((temperature, "float32"), (top_k, "int32"), (top_p, "float32"))]  # fmt: skip
+        drawn = np_(sample_tokens_with(logits, uniform, *tensors))
+        expected = sample_tokens(logits, uniform, temperature, top_k or None,
+                                 top_p if top_p < 1 else None)  # fmt: skip
+        np.testing.assert_array_equal(drawn, np_(expected), err_msg=str((temperature, top_k)))
+    greedy = sample_tokens_with(logits, uniform, 0.0, 0, 1.0)
+    np.testing.assert_array_equal(np_(greedy), np_(greedy_tokens(logits)))
+    assert len(set(np_(sample_tokens_with(logits, uniform, 1.0, 0, 1.0)).tolist())) > 3
+
+
+# ---------------------------------------------------------------------------
+# The exported signatures, called by TensorFlow alone
+# ---------------------------------------------------------------------------
+
+WORDS = ["", "[UNK]", "<s>", "</s>", "the", "movie", "is", "a", "good", "bad", ".", "!"]
+PROMPTS = ["the movie is", "a good", "bad bad bad movie", ""]
+MAX_LENGTH, PROMPT_LENGTH, END = 6, 4, 3
+# (max_length, temperature, top_k, top_p, seed, repetition_penalty): greedy, sampled
+SETTINGS = [
+    (6, 0.0, 0, 1.0, 0, 1.0), (6, 1.0, 0, 1.0, 5, 1.0), (4, 0.75, 3, 0.9, -7, 1.5),
+    (5, 0.0, 0, 1.0, 0, 2.0), (6, 2.0, 20, 0.8, 123, 1.0),
+]  # fmt: skip
+GOOD = dict(max_length=6, temperature=1.0, top_k=0, top_p=1.0, seed=0, repetition_penalty=1.0)
+BAD = [("max_length", 7), ("max_length", 0), ("temperature", -1.0), ("temperature", float("nan")),
+       ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("repetition_penalty", 0.0),
+       ("repetition_penalty", float("inf"))]  # fmt: skip
+
+GENERATE = """
+def generate(loaded, texts, settings):
+    dtypes = dict(max_length=tf.int32, top_k=tf.int32, seed=tf.int32)
+    settings = {k: tf.constant(v, dtypes.get(k, tf.float32)) for k, v in settings.items()}
+    out = loaded.signatures["generate"](text=tf.constant(texts, tf.string), **settings)
+    return {k: [x.decode() if isinstance(x, bytes) else x for x in v.numpy().tolist()]
+            for k, v in out.items()}
+
+def bad(loaded, texts, argument):
+    result = {}
+    for name, value in argument["bad"]:
+        try:
+            generate(loaded, texts, {**argument["good"], name: value})
+            result[f"{name}={value}"] = None
+        except tf.errors.InvalidArgumentError as error:
+            result[f"{name}={value}"] = [l for l in error.message.splitlines() if "must" in l]
+    return result
+
+argument = json.loads(sys.argv[2])
+loaded = tf.saved_model.load(sys.argv[1])
+names = ("max_length", "temperature", "top_k", "top_p", "seed", "repetition_penalty")
+result = {
+    "generate": [
+        generate(loaded, argument["texts"], dict(zip(names, s))) for s in argument["settings"]
+    ],
+    "bad": bad(loaded, argument["texts"], argument),
+    "empty": {k: len(v) for k, v in generate(loaded, [], argument["good"]).items()},
+}
+"""
+
+STREAM = """
+# A streaming client: `prefill` once, then `decode_step` per token, greedy (the logits come
+# with padding and the suppressed tokens ruled out), stopped at the end token.
+state = loaded.signatures["prefill"](tokens=tf.constant(argument["prompts"], tf.int64))
+step = loaded.signatures["decode_step"]
+finished, tokens = None, []
+for i in range(argument["max_length"]):
+    token = tf.argmax(state["logits"], axis=-1)
+    if finished is not None:
+        token = tf.where(finished, tf.zeros_like(token), token)
+    ended = token == argument["end"]
+    finished = ended if finished is None else finished | ended
+    tokens.append(token.numpy().tolist())
+    if i + 1 < argument["max_length"]:
+        cache = {k: state[k] for k in ("keys", "values", "valid", "positions", "index")}
+        state = step(token=token, **cache)
+result["stream"] = [list(row) for row in zip(*tokens)]
+cache["index"] = tf.constant(argument["max_length"])  # past the cache's new positions
+try:
+    step(token=token, **cache)
+except tf.errors.InvalidArgumentError as error:
+    result["past"] = [line for line in error.message.splitlines() if "must" in line]
+result["modules"] = sorted(m for m in sys.modules if m.startswith("keras"))
+print(json.dumps(result))
+"""
+
+
+def _settings_argument(texts, **more):
+    return {"texts": texts, "settings": SETTINGS, "good": GOOD, "bad": BAD, **more}
+
+
+@pytest.fixture(scope="module")
+def language_model(tmp_path_factory):
+    from keras_attn import models
+    from keras_attn.models import text
+    from model_checks import favour_token
+
+    keras.utils.set_random_seed(3)
+    model = models.transformer_lm(
+        len(WORDS), num_layers=1, num_heads=2, d_model=16, intermediate_dim=32,
+        sequence_length=12, dropout=0.0,
+    )  # fmt: skip
+    favour_token(model, WORDS.index("[UNK]"))  # suppressed: the export must rule it out
+    text_model = text.TextLanguageModel(model, text.string_lookup(WORDS), MAX_LENGTH, PROMPT_LENGTH)
+    path = tmp_path_factory.mktemp("serving") / "lm"
+    text_model.export_text(str(path))
+    return text_model, path
+
+
+@pytest.fixture(scope="module")
+def served(language_model):
+    """What TensorFlow alone gets from the language model's SavedModel (one process)."""
+    from tensorflow_alone import run_tensorflow_alone
+
+    text_model, path = language_model
+    prompts = np.asarray(text_model.prompt_ids(PROMPTS)).tolist()
+    prompts[1] = [0] * prompts[1].count(0) + [t for t in prompts[1] if t]  # left-padded
+    argument = _settings_argument(PROMPTS, prompts=prompts, max_length=MAX_LENGTH, end=END)
+    result = run_tensorflow_alone(path, GENERATE + STREAM, argument)
+    assert result.pop("modules") == []
+    return result
+
+
+def _python_generation(text_model, max_length, temperature, top_k, top_p, seed, penalty):
+    """Python's `generate` for the signature's settings (0, 1: off; temperature 0: greedy),
+    eager (its XLA loop draws the same tokens: tests/decoding; an XLA compile costs ~5 s)."""
+    from keras_attn.models import generate
+
+    prompts = np.asarray(text_model.prompt_ids(PROMPTS))
+    sampling = dict(sampler="sample", temperature=temperature, top_k=top_k or None,
+                    top_p=top_p if top_p < 1 else None, seed=seed)  # fmt: skip
+    return generate(
+        text_model.language_model, prompts, max_length, END, suppress_ids=(1,),
+        repetition_penalty=penalty, return_scores=True, jit_compile=False,
+        **(sampling if temperature else {}),
+    )  # fmt: skip
+
+
+def _before_end(row):
+    return row[: row.index(END)] if END in row else row
+
+
+@pytest.mark.tensorflow_only
+def test_generate_signature_equals_python_generate(language_model, served):
+    text_model, _ = language_model
+    for settings, out in zip(SETTINGS, served["generate"], strict=True):
+        tokens, scores = _python_generation(text_model, *settings)
+        np.testing.assert_array_equal(out["tokens"], tokens, err_msg=str(settings))
+        np.testing.assert_allclose(out["scores"], scores, atol=1e-5, err_msg=str(settings))
+        words = [" ".join(WORDS[t] for t in _before_end(row)) for row in tokens.tolist()]
+        assert out["text"] == words and "[UNK]" not in " ".join(words)  # favoured, suppressed
+    greedy, sampled = served["generate"][:2]
+    assert greedy["tokens"] != sampled["tokens"]
+
+
+@pytest.mark.tensorflow_only
+def test_generate_signature_asserts_name_each_bad_setting(served):
+    for name, value in BAD:
+        message = served["bad"][f"{name}={value}"]
+        assert message, (name, value)  # the call failed, on an assertion
+        assert f"`{name}` must be" in message[0] and f"Received: {name}=" in message[0], message
+        assert f"[{value:g}]" in message[0], message  # the value received
+    assert served["empty"] == {"text": 0, "tokens": 0, "scores": 0}  # no prompts: no rows
+
+
+@pytest.mark.tensorflow_only
+def test_a_decode_step_loop_streams_the_greedy_tokens(language_model, served):
+    text_model, _ = language_model
+    np.testing.assert_array_equal(served["stream"], text_model.continue_ids(PROMPTS))
+    assert f"`index` must be in [1, {MAX_LENGTH})" in served["past"][0]
+    assert f"[{MAX_LENGTH}]" in served["past"][0]  # the index received
+
+
+@pytest.mark.slow  # the TFLite conversion: ~10 s on 2 quiet cores
+@pytest.mark.tensorflow_only
+def test_decode_step_converts_to_tflite_builtins(language_model):
+    import tensorflow as tf
+
+    text_model, path = language_model
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(path), signature_keys=["decode_step"])
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    runner = tf.lite.Interpreter(model_content=converter.convert()).get_signature_runner(
+        "decode_step"
+    )
+    loaded = tf.saved_model.load(str(path))
+    prompts = tf.cast(text_model.prompt_ids(PROMPTS[:3]), tf.int64)
+    state = loaded.signatures["prefill"](tokens=prompts)
+    inputs = {k: state[k].numpy() for k in ("keys", "values", "valid", "positions", "index")}
+    inputs["token"] = np.argmax(state["logits"].numpy(), -1).astype("int64")
+    lite = runner(**inputs)
+    expected = {k: v.numpy() for k, v in loaded.signatures["decode_step"](**inputs).items()}
+    finite = np.isfinite(expected["logits"])  # TFLite writes -inf as the lowest float32
+    np.testing.assert_allclose(lite["logits"][finite], expected["logits"][finite], atol=1e-5)
+    assert np.all(lite["logits"][~finite] < -1e38)
+    np.testing.assert_allclose(lite["keys"], expected["keys"], atol=1e-5)
+    assert lite["index"] == 2 and np.array_equal(lite["valid"], expected["valid"])
+
+
+class _Written:
+    """A stdout that keeps each write (`print(..., flush=True)`: one write per word)."""
+
+    def __init__(self):
+        self.writes = []
+
+    def write(self, text):
+        self.writes.append(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.tensorflow_only
+def test_predict_stream_prints_each_word_as_it_comes(language_model, tmp_path, monkeypatch):
+    from keras_attn.models import cli
+
+    text_model, _ = language_model
+    text_model.save(tmp_path / "transformer-lm.keras")
+    runs = ["--runs-dir", str(tmp_path)]
+    sampling = dict(sampler="sample", temperature=0.75, top_k=3, seed=5)
+    for flags, generation in [([], {}), (["--temperature", "0.75", "--top-k", "3", "--seed", "5"],
+                              sampling)]:  # fmt: skip
+        stdout = _Written()
+        monkeypatch.setattr("sys.stdout", stdout)
+        assert (
+            cli.main(["predict", "transformer-lm", *PROMPTS[1:3], "--stream", *flags, *runs]) == 0
+        )
+        # each text continued alone (a batch of one: its own draws when sampled)
+        expected = [text_model.predict_text([p], **generation)[0] for p in PROMPTS[1:3]]
+        assert "".join(stdout.writes).split("\n") == [*expected, ""], flags
+        words = [w.strip() for w in stdout.writes if w.strip()]
+        assert words == " ".join(expected).split(), stdout.writes  # a write per word
+    assert expected != text_model.predict_text(PROMPTS[1:3])  # sampled, not greedy
+    assert any(expected)
+    monkeypatch.undo()
+
+
+@pytest.mark.tensorflow_only
+def test_predict_names_a_bad_sampling_flag(tmp_path, capsys):
+    from keras_attn.models import cli
+
+    for flags, named in [(["--top-p", "1.5"], "--top-p"), (["--temperature", "-1"],
+                         "--temperature"), (["--top-k", "-2"], "--top-k")]:  # fmt: skip
+        status = cli.main(["predict", "transformer-lm", "a", *flags, "--runs-dir", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert status == 2 and named in err and flags[1] in err, err
