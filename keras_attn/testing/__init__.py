@@ -17,11 +17,14 @@ difference, when the property does not hold:
 | `assert_paths_agree` | every path (variant, policy, eager, XLA) gives the float64 reference's |
 | | outputs and gradients, with huge, inf or NaN at the padded steps |
 | `assert_cached_decoding_agrees` | a padded prefill, then one step at a time, gives the full pass |
+| `assert_generation_batch_invariance` | a language model's greedy tokens for a prompt alone, in a |
+| | batch, padded on the left and on the right, are the same |
 
 They work on any Keras layer or model, not only keras-attn's (the two
 differential checks: on a layer that round-trips its config; the cached one on
-keras-attn's cache signature), and need no test framework. Every check takes
-the same first arguments:
+keras-attn's cache signature; the generation check on a language model that
+`keras_attn.models.generate` continues, given its prompts), and need no test
+framework. Every other check takes the same first arguments:
 
 - `fn`: a layer, a model or any callable. A `keras.Model` is called
   `fn(inputs, **call_kwargs)`, with `inputs` arranged as the model's inputs
@@ -47,6 +50,7 @@ needs it (SavedModel, gradients, XLA).
 """
 
 from keras_attn.testing.differential import assert_cached_decoding_agrees, assert_paths_agree
+from keras_attn.testing.generation import assert_generation_batch_invariance
 from keras_attn.testing.invariance import (
     assert_batch_invariance,
     assert_causal_invariance,
@@ -59,6 +63,7 @@ __all__ = [
     "assert_cached_decoding_agrees",
     "assert_causal_invariance",
     "assert_fully_masked_rows_safe",
+    "assert_generation_batch_invariance",
     "assert_padding_invariance",
     "assert_paths_agree",
     "assert_save_reload_equal",

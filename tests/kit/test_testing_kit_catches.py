@@ -205,5 +205,5 @@ def test_kit_imports_only_keras_and_numpy():
                     name if name.startswith("keras_attn.testing") else name.split(".")[0]
                 )
     assert top_level == {"os", "tempfile", "weakref", "collections", "typing", "keras", "numpy"}
-    modules = ("_support", "differential", "invariance", "safety")
+    modules = ("_support", "differential", "generation", "invariance", "safety")
     assert internal == {f"keras_attn.testing.{m}" for m in modules}
