@@ -3,6 +3,7 @@
     KERAS_BACKEND=tensorflow python -m benchmarks.generation [--quick] [--json PATH]
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.generation [--quick] [--json PATH]
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.generation --memory-scaling
+    KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.generation --ring-memory
 
 A randomly initialized `keras_hub.models.GPT2Backbone` (4 layers, 8 heads,
 hidden 256, intermediate 1024, vocabulary 5,000) and the same weights in a
@@ -31,6 +32,21 @@ with `sliding_window=512` (each token sees the last 512) and the chunked
 kernel, keras-hub with full attention (it has no window), on backbones with
 4,160 positions; the two compute different functions, so only speed and
 memory are compared.
+
+The sampler rows (batch 8): ours' `sampler="sample", top_k=10` against keras-hub's
+`TopKSampler(k=10)` (different random draws: speed only), and ours' greedy with
+`repetition_penalty=1.3` against keras-hub's greedy (keras-hub's samplers have no
+repetition penalty: its row is the same decode without one). The overhead rows: ours
+against ours, the same compiled decode with and without its extra outputs: `generate`
+greedy with `return_scores=True`, and a `transformer_seq2seq` of the same size (32-token
+sources, 64 tokens decoded, `greedy_decode` under `tf.function(jit_compile=True)` /
+`jax.jit`) with `return_alignment=True`; "time on/off" is the median per-repeat ratio.
+
+The ring rows (`--ring-memory`, JAX): ours alone, a rotary `transformer_lm` of the
+same size generating 512 and 4,096 tokens after a 32-token prompt, with
+`sliding_window=256` (its caches rings of 256 positions per block,
+`keras_attn.cache.RingKVCache`) and with full attention (caches of every
+position); the window's temp must stay flat in the number of new tokens.
 """
 
 import argparse
@@ -49,11 +65,19 @@ from benchmarks import timing  # noqa: E402
 VOCAB, LAYERS, HEADS, HIDDEN, INTERMEDIATE = 5000, 4, 8, 256, 1024
 PROMPT, NEW = 32, 64
 LONG_PROMPT, WINDOW = 4096, 512
-ROWS = [  # (batch, prompt length, sliding window of ours)
-    (1, PROMPT, None),
-    (8, PROMPT, None),
-    (1, LONG_PROMPT, WINDOW),
+RING_WINDOW, RING_NEW = 256, (512, 4096)
+ROWS = [  # (batch, prompt length, sliding window of ours, setting: a key of SETTINGS)
+    (1, PROMPT, None, "greedy"),
+    (8, PROMPT, None, "greedy"),
+    (8, PROMPT, None, "top-k 10"),
+    (8, PROMPT, None, "repetition penalty 1.3"),
+    (1, LONG_PROMPT, WINDOW, "greedy"),
 ]
+SETTINGS = {  # setting -> (ours' `generate` options, keras-hub's sampler: what it runs)
+    "greedy": ({}, "greedy"),
+    "top-k 10": ({"sampler": "sample", "top_k": 10, "seed": 0}, "top_k"),
+    "repetition penalty 1.3": ({"repetition_penalty": 1.3}, "greedy"),  # keras-hub has none
+}
 
 
 def build(prompt_length, window, smoke=False):
@@ -77,19 +101,25 @@ def build(prompt_length, window, smoke=False):
     return ours, keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
 
-def generators(ours, hub, batch, prompt_length, new):
-    """`(ours(), hub())`: each generates `new` greedy tokens after the same prompts."""
+def generators(ours, hub, batch, prompt_length, new, setting="greedy"):
+    """`(ours(), hub())`: each generates `new` tokens after the same prompts, as `setting`
+    (a key of `SETTINGS`) says."""
+    import keras_hub
+
     from keras_attn.models import generate
 
+    options, hub_sampler = SETTINGS[setting]
     prompts = np.random.default_rng(1).integers(1, VOCAB, (batch, prompt_length)).astype("int32")
     hub_inputs = {
         "token_ids": np.concatenate([prompts, np.zeros((batch, new), "int32")], 1),
         "padding_mask": np.arange(prompt_length + new)[None].repeat(batch, 0) < prompt_length,
     }
-    hub.compile(sampler="greedy")
+    if hub_sampler == "top_k":
+        hub_sampler = keras_hub.samplers.TopKSampler(k=options["top_k"], seed=options["seed"])
+    hub.compile(sampler=hub_sampler)
 
     def run_ours():
-        return generate(ours, prompts + 1, new) - 1  # ids shifted: token 0 is our padding
+        return generate(ours, prompts + 1, new, **options) - 1  # ids shifted: 0 is our padding
 
     def run_hub():
         return np.asarray(hub.generate(hub_inputs, stop_token_ids=None)["token_ids"])[
@@ -159,6 +189,85 @@ def memory_scaling(new=NEW):
     return rows
 
 
+def ring_memory(news=RING_NEW, window=RING_WINDOW):
+    """Ours' XLA temp MiB generating `news` tokens, `sliding_window=window` (ring caches)
+    against full attention (JAX); the ratio of the window's temps, last over first."""
+    from keras_attn.models import generate, transformer_lm
+
+    prompts = np.random.default_rng(1).integers(1, VOCAB, (1, PROMPT)).astype("int32")
+    rows = []
+    print("| ours | prompt + new | temp MiB | arguments MiB |\n|---|---|---|---|")
+    for sliding_window in (window, None):
+        for new in news:
+            keras.utils.set_random_seed(0)
+            model = transformer_lm(
+                VOCAB, LAYERS, HEADS, HIDDEN, INTERMEDIATE, position="rotary",
+                sliding_window=sliding_window, dropout=0.0,
+            )  # fmt: skip
+            memory = xla_memory(lambda model=model, new=new: generate(model, prompts, new))
+            rows.append({"prompt": PROMPT, "new": new, "window": sliding_window, **memory})
+            label = "full attention" if sliding_window is None else f"window {window}, ring"
+            print(f"| {label} | {PROMPT} + {new} | {memory['temp_mib']:.1f} "
+                  f"| {memory['argument_mib']:.1f} |", flush=True)  # fmt: skip
+    ratio = rows[len(news) - 1]["temp_mib"] / rows[0]["temp_mib"]
+    print(f"window {window}: temp at {news[-1]} new tokens / at {news[0]}: {ratio:.3f}")
+    return {"rows": rows, "ring_ratio": ratio}
+
+
+def overhead(repeats, smoke=False):
+    """Ours against ours: the same compiled decode without and with its extra outputs.
+
+    `generate` greedy with `return_scores=True` (the language model of the rows), and a
+    `transformer_seq2seq` of the same size decoding 8 sources of 32 tokens with
+    `greedy_decode(..., return_alignment=True)` under XLA (`lm_generation._compile`:
+    `tf.function(jit_compile=True)`, `jax.jit`). Prints a table; returns its rows, "time
+    on/off" being the per-repeat ratio of the two (1.0: free).
+    """
+    from keras_attn.models import generate, greedy_decode, transformer_seq2seq
+    from keras_attn.models.lm_generation import _compile
+
+    batch, new, prompt = (8, 4, 8) if smoke else (8, NEW, PROMPT)
+    inputs = np.random.default_rng(1).integers(1, VOCAB, (batch, prompt)).astype("int32")
+    lm = build(prompt, None, smoke)[0]
+    keras.utils.set_random_seed(0)
+    size = (1, 2, 32, 64) if smoke else (LAYERS, HEADS, HIDDEN, INTERMEDIATE)
+    seq2seq = transformer_seq2seq(VOCAB, VOCAB, *size, dropout=0.0)
+
+    def decoder(return_alignment):
+        def decode(source):
+            return greedy_decode(seq2seq, source, new, 1, return_alignment=return_alignment)
+
+        compiled = _compile(tuple(seq2seq.variables), decode)
+        if not return_alignment:
+            return lambda: np.asarray(compiled(inputs))
+        return lambda: np.asarray(compiled(inputs)[1])  # the alignment (B, new, S), read
+
+    pairs = {
+        "scores: `generate`, greedy": (
+            lambda: generate(lm, inputs, new),
+            lambda: generate(lm, inputs, new, return_scores=True)[1],
+        ),
+        "alignment: seq2seq `greedy_decode`": (decoder(False), decoder(True)),
+    }
+    print("| overhead | B | steps | ours off tok/s | ours on tok/s | time on/off |")
+    print("|---|---|---|---|---|---|")
+    rows = []
+    for label, (off, on) in pairs.items():
+        result = timing.time_group(
+            {"off": off, "on": on}, (), repeats=repeats, min_time=0.0, max_calls=1
+        )
+        ratio = result["ratio"]["on"]  # per repeat: t_on / t_off
+        tokens = batch * new
+        rows.append({"overhead": label, "batch": batch, "new": new, "timing": result})
+        print(
+            f"| {label} | {batch} | {new} | {tokens / result['off']['median_s']:.0f} "
+            f"| {tokens / result['on']['median_s']:.0f} | {ratio['median']:.2f} "
+            f"[{ratio['min']:.2f}-{ratio['max']:.2f}] |",
+            flush=True,
+        )
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats, no long-context row")
@@ -169,13 +278,25 @@ def main(argv=None):
         "--memory-scaling", action="store_true",
         help="JAX: ours' XLA temp memory at prompts 2,048 and 4,096, full attention vs window",
     )  # fmt: skip
+    parser.add_argument(
+        "--ring-memory", action="store_true",
+        help="JAX: ours' XLA temp memory, 512 and 4,096 new tokens, window 256 (ring) vs full",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.ring_memory:
+        if keras.backend.backend() != "jax":
+            parser.error("--ring-memory reads XLA's memory analysis: KERAS_BACKEND=jax only")
+        result = ring_memory()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"backend": "jax", **result}, f, indent=1, default=str)
+        return result
     if args.memory_scaling:
         if keras.backend.backend() != "jax":
             parser.error("--memory-scaling reads XLA's memory analysis: KERAS_BACKEND=jax only")
         return memory_scaling()
     new = 4 if args.smoke else NEW
-    rows = ROWS[:2] if (args.quick or args.smoke) else ROWS
+    rows = [r for r in ROWS if r[2] is None] if (args.quick or args.smoke) else ROWS
     repeats = 1 if args.smoke else 3 if args.quick else 7
     backend = keras.backend.backend()
     print(f"backend {backend}, keras {keras.__version__}, loadavg {timing.loadavg()}")
@@ -183,14 +304,15 @@ def main(argv=None):
           "| same tokens | temp MiB ours | temp MiB keras-hub |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     report = []
-    for batch, prompt, window in rows:
+    for batch, prompt, window, setting in rows:
         prompt = 8 if args.smoke else prompt
         ours, hub = build(prompt, window, args.smoke)
-        run_ours, run_hub = generators(ours, hub, batch, prompt, new)
+        run_ours, run_hub = generators(ours, hub, batch, prompt, new, setting)
         memory = None  # XLA's analysis needs the first call: before any other
         if backend == "jax" and not args.no_memory:
             memory = {"ours": xla_memory(run_ours), "keras-hub": xla_memory(run_hub)}
-        same = bool(np.array_equal(run_ours(), run_hub())) if window is None else None
+        comparable = window is None and setting == "greedy"  # the same function of the prompts
+        same = bool(np.array_equal(run_ours(), run_hub())) if comparable else None
         long_row = window is not None
         result = timing.time_group(
             {"ours": run_ours, "keras-hub": run_hub}, (),
@@ -199,7 +321,7 @@ def main(argv=None):
         tokens = batch * new
         row = {
             "backend": backend, "batch": batch, "prompt": prompt, "new": new, "window": window,
-            "same_tokens": same,
+            "setting": setting, "same_tokens": same,
             "ours_tokens_per_s": tokens / result["ours"]["median_s"],
             "hub_tokens_per_s": tokens / result["keras-hub"]["median_s"],
             "ratio": result["ratio"]["keras-hub"], "timing": result,
@@ -209,7 +331,9 @@ def main(argv=None):
         report.append(row)
         ratio = row["ratio"]
         temp = [f"{memory[w]['temp_mib']:.1f}" if memory else "-" for w in ("ours", "keras-hub")]
-        label = f"window {window}, chunked" if window else "greedy"
+        label = f"window {window}, chunked" if window else setting
+        if SETTINGS[setting][0].get("repetition_penalty"):
+            label += " (keras-hub: greedy, it has none)"
         print(
             f"| {label} | {batch} | {prompt} + {new} | {row['ours_tokens_per_s']:.0f} "
             f"| {row['hub_tokens_per_s']:.0f} | {ratio['median']:.2f} "
@@ -217,9 +341,12 @@ def main(argv=None):
             f"| {temp[0]} | {temp[1]} |",
             flush=True,
         )
+    costs = overhead(repeats, args.smoke)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": backend, "rows": report}, f, indent=1, default=str)
+            json.dump(
+                {"backend": backend, "rows": report, "overhead": costs}, f, indent=1, default=str
+            )
     return report
 
 

@@ -67,6 +67,8 @@ def test_readme_zoo_runs():
     exec(compile(snippet, "README zoo", "exec"), namespace)
     assert sorted(namespace["order"][0].tolist()) == [0, 1, 2, 3, 4]
     assert namespace["tokens"].shape == (1, 8) and namespace["best"].shape == (1, 8)
+    assert namespace["scores"].shape == (1, 8) and namespace["alignment"].shape == (1, 8, 6)
+    assert namespace["step"].shape == (2,) and namespace["new"].shape == (2, 8)
     assert namespace["outputs"]["sentence_attention"].shape == (1, 6)
 
 

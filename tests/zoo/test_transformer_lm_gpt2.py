@@ -79,8 +79,15 @@ def test_generation_benchmark_smoke(capsys):
     from benchmarks import generation
 
     rows = generation.main(["--smoke", "--no-memory"])
-    assert [(r["batch"], r["window"]) for r in rows] == [(1, None), (8, None)]
-    for row in rows:
-        assert row["same_tokens"] is True
+    assert [(r["batch"], r["window"], r["setting"]) for r in rows] == [
+        (1, None, "greedy"),
+        (8, None, "greedy"),
+        (8, None, "top-k 10"),
+        (8, None, "repetition penalty 1.3"),
+    ]
+    for row in rows:  # the greedy rows compute the same function: the same tokens
+        assert row["same_tokens"] is (True if row["setting"] == "greedy" else None)
         assert row["ours_tokens_per_s"] > 0 and row["hub_tokens_per_s"] > 0
-    assert "| greedy | 8 | 8 + 4 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| greedy | 8 | 8 + 4 |" in out
+    assert "| scores: `generate`, greedy | 8 | 4 |" in out
