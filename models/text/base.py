@@ -269,15 +269,16 @@ def _uniform_draws(seed, max_length, batch):
     )
 
 
-def _sampled_generation(steps, source, start_id, end_id, suppress_ids, settings):
-    """`keras_attn.models.decoding._decode` with checked tensor `settings` (`_checked_settings`):
-    `sample_tokens_with` on draws from `seed` (`_uniform_draws`); returns its `Decoded`
-    (tokens and scores)."""
+def _sampled_generation(steps, source, start_id, end_id, suppress_ids, limit, **settings):
+    """`keras_attn.models.decoding._decode` with the `generate` signature's tensor `settings`,
+    checked (`_checked_settings`, `max_length` at most `limit`): `sample_tokens_with` on draws
+    from `seed` (`_uniform_draws`); returns its `Decoded` (tokens and scores)."""
     import tensorflow as tf
 
     from keras_attn.models.decoding import _decode
     from keras_attn.models.sampling import sample_tokens_with
 
+    settings = _checked_settings(limit, **settings)
     uniform = _uniform_draws(settings["seed"], settings["max_length"], tf.shape(source)[0])
 
     def choose(logits, index):

@@ -14,7 +14,6 @@ from keras_attn.models.text.base import (
     _at_least_one_column,
     _check_export_backend,
     _check_tokens,
-    _checked_settings,
     _generation_specs,
     _join_words,
     _positive,
@@ -324,13 +323,11 @@ class TextLanguageModel(_TextModel):
 
             @tf.function(input_signature=_generation_specs(), autograph=False)
             def generate(text, max_length, temperature, top_k, top_p, seed, repetition_penalty):
-                settings = _checked_settings(
-                    self.max_length, max_length=max_length, temperature=temperature,
-                    top_k=top_k, top_p=top_p, seed=seed, repetition_penalty=repetition_penalty,
-                )  # fmt: skip
                 decoded = _sampled_generation(
                     LanguageModelSteps(model), self.prompt_ids(text, lookup), None, end_id,
-                    suppress_ids, settings,
+                    suppress_ids, self.max_length, max_length=max_length,
+                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                    repetition_penalty=repetition_penalty,
                 )  # fmt: skip
                 text = _join_words(decoded.tokens, words(all_ids), self.end_token)
                 return {"text": text, "tokens": decoded.tokens, "scores": decoded.scores}

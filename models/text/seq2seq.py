@@ -12,7 +12,6 @@ from keras_attn.models.text.base import (
     _at_least_one_column,
     _check_export_backend,
     _check_tokens,
-    _checked_settings,
     _generation_specs,
     _join_words,
     _positive,
@@ -215,13 +214,12 @@ class TextSeq2Seq(_TextModel):
 
             @tf.function(input_signature=_generation_specs(), autograph=False)
             def generate(text, max_length, temperature, top_k, top_p, seed, repetition_penalty):
-                settings = _checked_settings(
-                    self.max_length, max_length=max_length, temperature=temperature,
-                    top_k=top_k, top_p=top_p, seed=seed, repetition_penalty=repetition_penalty,
-                )  # fmt: skip
                 source = self.source_ids(text, source_lookup)
-                steps = decoding_steps(self.seq2seq)
-                decoded = _sampled_generation(steps, source, start_id, end_id, (), settings)
+                decoded = _sampled_generation(
+                    decoding_steps(self.seq2seq), source, start_id, end_id, (), self.max_length,
+                    max_length=max_length, temperature=temperature, top_k=top_k, top_p=top_p,
+                    seed=seed, repetition_penalty=repetition_penalty,
+                )  # fmt: skip
                 text = self._ids_to_text(decoded.tokens, source, target_words(all_ids))
                 return {"text": text, "tokens": decoded.tokens, "scores": decoded.scores}
 

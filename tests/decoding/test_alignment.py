@@ -6,6 +6,7 @@ import pytest
 
 from keras_attn.models import greedy_decode, rnn_seq2seq, transformer_seq2seq
 from keras_attn.models.decoding import decoding_steps
+from layer_checks import compiled
 
 START, VOCAB, STEPS = 1, 20, 5
 # Right-padded sources of three lengths (0 = padding), one with no padding.
@@ -93,19 +94,6 @@ def test_rnn_without_attention_has_no_alignment():
     state = decoder.start(SOURCE, STEPS)
     with pytest.raises(ValueError, match="return_alignment=True"):
         decoder.step(np.full(len(SOURCE), START, "int32"), 0, state, return_alignment=True)
-
-
-def compiled(fn):
-    """`fn` under XLA (`tf.function(jit_compile=True)`, `jax.jit`); eager on torch."""
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function(fn, jit_compile=True)
-    if keras.backend.backend() == "jax":
-        import jax
-
-        return jax.jit(fn)
-    return fn
 
 
 def test_greedy_decode_returns_the_alignment_of_its_tokens(model):
