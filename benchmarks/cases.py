@@ -6,6 +6,9 @@ this CPU it is slower and does not reach the AMX bf16 kernels). Inference is
 one forward call with `training=False`. Both return a scalar, so timing waits
 for the step and copies nothing large.
 
+The language model's step (`lm_train_step`) is the same with a next-token
+cross-entropy loss on integer tokens.
+
 FLOPs count a multiply-add as 2 and leave out softmax, layer norm, biases and
 the optimizer; a training step is 3 x the forward matmuls.
 """
@@ -31,6 +34,21 @@ def mha_flops(batch, length, dim, train):
 def encoder_flops(batch, length, dim, train):
     """MHA plus the feed-forward `d -> 4d -> d`: `24 B L d^2 + 4 B L^2 d`."""
     forward = 24 * batch * length * dim**2 + 4 * batch * length**2 * dim
+    return 3 * forward if train else forward
+
+
+def lm_flops(batch, length, num_layers, dim, intermediate, vocab, train):
+    """Model FLOPs of a decoder-only language model on `B x L` tokens: every matmul.
+
+    Per block the four projections `8 B L d^2`, the two attention products
+    `4 B L^2 d` (the full square: the causal half is computed and masked) and
+    the feed-forward `d -> I -> d`, `4 B L d I`; then the logits over the
+    vocabulary, `2 B L d V`. The embedding lookups are no matmul. Training:
+    3 x forward (backward = 2 x forward).
+    """
+    block = 8 * batch * length * dim**2 + 4 * batch * length**2 * dim
+    block += 4 * batch * length * dim * intermediate
+    forward = num_layers * block + 2 * batch * length * dim * vocab
     return 3 * forward if train else forward
 
 
@@ -76,22 +94,53 @@ def _loss(y):
     return tf.reduce_mean(tf.square(tf.cast(y, "float32")))
 
 
-def train_step(layer, x, learning_rate=1e-4):
-    """A `tf.function` running forward, backward and an SGD update; returns the loss."""
-    call = self_attention(layer)
-    call(x[:, :8], False)  # builds the weights before tracing
+def sgd_step(loss, variables, learning_rate=1e-4):
+    """A `tf.function` of `x`: `loss(x)`, its gradient, an SGD update of `variables`; the loss."""
     optimizer = keras.optimizers.SGD(learning_rate)
-    optimizer.build(layer.trainable_variables)
+    optimizer.build(variables)
 
     @tf.function
     def step(x):
         with tf.GradientTape() as tape:
-            loss = _loss(call(x, True))
-        grads = tape.gradient(loss, layer.trainable_variables)
-        optimizer.apply(grads, layer.trainable_variables)
-        return loss
+            value = loss(x)
+        grads = tape.gradient(value, variables)
+        optimizer.apply(grads, variables)
+        return value
 
     return step
+
+
+def train_step(layer, x, learning_rate=1e-4):
+    """A `tf.function` running forward, backward and an SGD update; returns the loss."""
+    call = self_attention(layer)
+    call(x[:, :8], False)  # builds the weights before tracing
+    return sgd_step(lambda x: _loss(call(x, True)), layer.trainable_variables, learning_rate)
+
+
+def lm_train_step(model, tokens, call=None, offset=0, learning_rate=1e-4):
+    """A language model's training step: next-token cross-entropy, backward, SGD.
+
+    Args:
+        model: a `keras.Model` giving `(B, L, V)` logits for `(B, L)` tokens.
+        tokens: `(B, L + 1)` int32 tokens, `0..V - 1`: the step reads
+            `tokens[:, :-1]` and predicts `tokens[:, 1:]`.
+        call: `call(ids, training)` -> logits (default: `model(ids, training=...)`;
+            keras-hub's `GPT2CausalLM` takes a dict with a padding mask).
+        offset: added to every token id, inputs and targets: the model's id of
+            token 0 (1 for a `from_gpt2_backbone` model, whose id 0 is padding).
+    """
+    call = call or (lambda ids, training: model(ids, training=training))
+    call(tokens[:, :8] + offset, False)  # builds the weights before tracing
+
+    def loss(tokens):
+        logits = call(tokens[:, :-1] + offset, True)
+        return tf.reduce_mean(
+            keras.losses.sparse_categorical_crossentropy(
+                tokens[:, 1:] + offset, tf.cast(logits, "float32"), from_logits=True
+            )
+        )
+
+    return sgd_step(loss, model.trainable_variables, learning_rate)
 
 
 def infer_step(layer, x):
@@ -103,3 +152,8 @@ def infer_step(layer, x):
 
 def input_batch(batch, length, dim, seed=0):
     return tf.random.stateless_normal((batch, length, dim), seed=(seed, 0))
+
+
+def token_batch(batch, length, vocab, seed=0):
+    """`(B, L)` int32 tokens drawn uniformly from `0..vocab - 1`."""
+    return tf.random.stateless_uniform((batch, length), (seed, 0), 0, vocab, "int32")

@@ -4,6 +4,7 @@
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.generation [--quick] [--json PATH]
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.generation --memory-scaling
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.generation --ring-memory
+    KERAS_BACKEND=torch python -m benchmarks.generation --gpt2-small [--quick] [--json PATH]
 
 A randomly initialized `keras_hub.models.GPT2Backbone` (4 layers, 8 heads,
 hidden 256, intermediate 1024, vocabulary 5,000) and the same weights in a
@@ -47,6 +48,17 @@ same size generating 512 and 4,096 tokens after a 32-token prompt, with
 `sliding_window=256` (its caches rings of 256 positions per block,
 `keras_attn.cache.RingKVCache`) and with full attention (caches of every
 position); the window's temp must stay flat in the number of new tokens.
+
+The GPT-2-small rows (`--gpt2-small`, any backend; issue 47): the same comparison
+at GPT-2 small's size (`GPT2_SMALL`: 12 layers, 12 heads, hidden 768,
+intermediate 3,072, vocabulary 50,257, 124 M weights, 0.5 GB in float32), greedy,
+batch 1 and 8, prompt 32 + 64 new tokens, and, beside tokens/s, the bytes a
+decoding step must read (`decode_bytes`: every weight once, the KV cache) times
+the steps per second, against the memory bandwidth of a NumPy copy measured in
+the same run (`benchmarks.timing.copy_bandwidth`). The steps per second are the
+new tokens over the whole call, the prefill included: a lower bound of the
+decoding step's own rate (`benchmarks.roofline` times the step alone). With
+`--smoke`, a tiny model.
 """
 
 import argparse
@@ -63,6 +75,15 @@ import numpy as np  # noqa: E402
 from benchmarks import timing  # noqa: E402
 
 VOCAB, LAYERS, HEADS, HIDDEN, INTERMEDIATE = 5000, 4, 8, 256, 1024
+# Model sizes, as `keras_hub.models.GPT2Backbone` arguments.
+DEFAULT_SIZE = dict(
+    vocabulary_size=VOCAB, num_layers=LAYERS, num_heads=HEADS, hidden_dim=HIDDEN,
+    intermediate_dim=INTERMEDIATE,
+)  # fmt: skip
+GPT2_SMALL = dict(
+    vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072
+)
+TINY = dict(vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64)
 PROMPT, NEW = 32, 64
 LONG_PROMPT, WINDOW = 4096, 512
 RING_WINDOW, RING_NEW = 256, (512, 4096)
@@ -80,25 +101,77 @@ SETTINGS = {  # setting -> (ours' `generate` options, keras-hub's sampler: what 
 }
 
 
-def build(prompt_length, window, smoke=False):
-    """`(ours, keras-hub's GPT2CausalLM)`, the same random weights."""
+def build(prompt_length, window, smoke=False, size=None, dropout=0.1):
+    """`(ours, keras-hub's GPT2CausalLM)`, the same random weights.
+
+    Args:
+        prompt_length: the longest prompt (the backbone has at least
+            `prompt_length + NEW` positions, and 1,024).
+        window: ours' `sliding_window` (with the chunked kernel), or `None`.
+        smoke: the `TINY` model, whatever `size` says.
+        size: `GPT2Backbone` sizes (`DEFAULT_SIZE` by default, `GPT2_SMALL`).
+        dropout: the backbone's (keras-hub's default); ours has none. Training
+            steps pass 0.0 so that both compute the same function.
+    """
     import keras_hub
 
     from keras_attn.models.gpt2 import from_gpt2_backbone
 
     keras.utils.set_random_seed(0)
-    size = dict(num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64) if smoke else {}
+    size = TINY if smoke else size or DEFAULT_SIZE
     backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCAB,
-        num_layers=size.get("num_layers", LAYERS),
-        num_heads=size.get("num_heads", HEADS),
-        hidden_dim=size.get("hidden_dim", HIDDEN),
-        intermediate_dim=size.get("intermediate_dim", INTERMEDIATE),
-        max_sequence_length=max(1024, prompt_length + NEW),
+        **size, dropout=dropout, max_sequence_length=max(1024, prompt_length + NEW)
     )
     options = {} if window is None else dict(sliding_window=window, implementation="chunked")
     ours = from_gpt2_backbone(backbone, dropout=0.0, **options)
     return ours, keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+
+
+def decode_bytes(size, batch, cache_length, itemsize=4):
+    """Bytes one decoding step of a GPT-2-shaped model must read from memory.
+
+    Every weight once, and the KV cache:
+
+    - per block: the query, key, value and output kernels and biases
+      (`4 d^2 + 4 d`), the feed-forward (`2 d I + I + d`), two layer norms
+      (`4 d`);
+    - the token table `V x d` once: the tied output projection reads all of
+      it (the step's embedding lookup reads `B` of its rows, not counted
+      again); the final layer norm (`2 d`); of the position table the `B`
+      rows the step looks up (`B d`), not the table;
+    - the KV cache: keys and values of every block at `cache_length`
+      positions, `2 x layers x B x cache_length x d`.
+
+    The weights are read once whatever the batch (the bound a step at batch
+    1 is held to: it reads every weight for one token); activations, the
+    logits written and the cache's one new position are left out.
+
+    Args:
+        size: `GPT2Backbone` sizes (`GPT2_SMALL`, `DEFAULT_SIZE`, `TINY`).
+        batch: sequences decoded at once.
+        cache_length: positions a step attends to (mean over the steps timed:
+            `mean_cache_length`).
+        itemsize: bytes per weight and cache value (4: float32).
+
+    Returns:
+        Bytes, a float (`cache_length` may be a mean).
+    """
+    d, inner = size["hidden_dim"], size["intermediate_dim"]
+    block = 4 * d * d + 4 * d + 2 * d * inner + inner + d + 4 * d
+    weights = size["num_layers"] * block + size["vocabulary_size"] * d + 2 * d + batch * d
+    cache = 2 * size["num_layers"] * batch * cache_length * d
+    return float(weights + cache) * itemsize
+
+
+def mean_cache_length(prompt_length, first, last):
+    """Mean positions attended to by decoding steps `first..last` (1-based) after a prompt.
+
+    `keras_attn.models.generate` prefills all of the prompt but its last
+    token; step `k` feeds the token at position `prompt_length + k - 2` and
+    attends to `prompt_length + k - 1` positions (the prompt and the new
+    tokens before it, itself included).
+    """
+    return prompt_length - 1 + (first + last) / 2
 
 
 def generators(ours, hub, batch, prompt_length, new, setting="greedy"):
@@ -109,7 +182,8 @@ def generators(ours, hub, batch, prompt_length, new, setting="greedy"):
     from keras_attn.models import generate
 
     options, hub_sampler = SETTINGS[setting]
-    prompts = np.random.default_rng(1).integers(1, VOCAB, (batch, prompt_length)).astype("int32")
+    vocab = hub.backbone.vocabulary_size
+    prompts = np.random.default_rng(1).integers(1, vocab, (batch, prompt_length)).astype("int32")
     hub_inputs = {
         "token_ids": np.concatenate([prompts, np.zeros((batch, new), "int32")], 1),
         "padding_mask": np.arange(prompt_length + new)[None].repeat(batch, 0) < prompt_length,
@@ -282,6 +356,10 @@ def main(argv=None):
         "--ring-memory", action="store_true",
         help="JAX: ours' XLA temp memory, 512 and 4,096 new tokens, window 256 (ring) vs full",
     )  # fmt: skip
+    parser.add_argument(
+        "--gpt2-small", action="store_true",
+        help="GPT-2 small's size, batch 1 and 8 greedy, bytes/s against the copy bandwidth",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.ring_memory:
         if keras.backend.backend() != "jax":
@@ -296,27 +374,59 @@ def main(argv=None):
             parser.error("--memory-scaling reads XLA's memory analysis: KERAS_BACKEND=jax only")
         return memory_scaling()
     new = 4 if args.smoke else NEW
-    rows = [r for r in ROWS if r[2] is None] if (args.quick or args.smoke) else ROWS
     repeats = 1 if args.smoke else 3 if args.quick else 7
+    if args.gpt2_small:
+        rows = [(batch, PROMPT, None, "greedy") for batch in (1, 8)]
+        size = TINY if args.smoke else GPT2_SMALL
+        bandwidth = timing.copy_bandwidth(8 if args.smoke else 256, 3 if args.smoke else 7)
+    else:
+        rows = [r for r in ROWS if r[2] is None] if (args.quick or args.smoke) else ROWS
+        size, bandwidth = DEFAULT_SIZE, None
     backend = keras.backend.backend()
     print(f"backend {backend}, keras {keras.__version__}, loadavg {timing.loadavg()}")
-    print("| rows | B | prompt + new | ours tok/s | keras-hub tok/s | speed ours/keras-hub "
-          "| same tokens | temp MiB ours | temp MiB keras-hub |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    if bandwidth is not None:
+        print(f"memory bandwidth, NumPy copy of {bandwidth['mib']} MiB (read + write): median "
+              f"{bandwidth['gbps']:.1f} GB/s, best {bandwidth['max']:.1f}")  # fmt: skip
+    memory = backend == "jax" and not args.no_memory
+    report = compare(rows, new, repeats, args.smoke, memory, size, bandwidth)
+    if args.gpt2_small:
+        result = {"backend": backend, "size": size, "bandwidth": bandwidth, "rows": report}
+    else:
+        result = {"backend": backend, "rows": report, "overhead": overhead(repeats, args.smoke)}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    return report
+
+
+def compare(rows, new, repeats, smoke, memory, size, bandwidth=None):
+    """Ours vs keras-hub for each row of `rows` (as `ROWS`); prints the table, returns the rows.
+
+    With a `bandwidth` (`timing.copy_bandwidth`), each row also has the bytes a
+    decoding step reads (`decode_bytes`, float32) times the steps per second of
+    the whole call, and their share of the bandwidth (`bytes`).
+    """
+    backend = keras.backend.backend()
+    head = ("| rows | B | prompt + new | ours tok/s | keras-hub tok/s | speed ours/keras-hub "
+            "| same tokens | temp MiB ours | temp MiB keras-hub |")  # fmt: skip
+    if bandwidth is not None:
+        head += " MB/step | ours GB/s (% copy) | keras-hub GB/s (% copy) |"
+    print(head)
+    print("|---" * head.count(" |") + "|")
     report = []
     for batch, prompt, window, setting in rows:
-        prompt = 8 if args.smoke else prompt
-        ours, hub = build(prompt, window, args.smoke)
+        prompt = 8 if smoke else prompt
+        ours, hub = build(prompt, window, smoke, size)
         run_ours, run_hub = generators(ours, hub, batch, prompt, new, setting)
-        memory = None  # XLA's analysis needs the first call: before any other
-        if backend == "jax" and not args.no_memory:
-            memory = {"ours": xla_memory(run_ours), "keras-hub": xla_memory(run_hub)}
+        xla = None  # XLA's analysis needs the first call: before any other
+        if memory:
+            xla = {"ours": xla_memory(run_ours), "keras-hub": xla_memory(run_hub)}
         comparable = window is None and setting == "greedy"  # the same function of the prompts
         same = bool(np.array_equal(run_ours(), run_hub())) if comparable else None
-        long_row = window is not None
+        long_row = window is not None  # in full runs only: two repeats
         result = timing.time_group(
             {"ours": run_ours, "keras-hub": run_hub}, (),
-            repeats=2 if long_row and not args.quick else repeats, min_time=0.0, max_calls=1,
+            repeats=2 if long_row else repeats, min_time=0.0, max_calls=1,
         )  # fmt: skip
         tokens = batch * new
         row = {
@@ -326,27 +436,30 @@ def main(argv=None):
             "hub_tokens_per_s": tokens / result["keras-hub"]["median_s"],
             "ratio": result["ratio"]["keras-hub"], "timing": result,
         }  # fmt: skip
-        if memory is not None:
-            row["xla_memory"] = memory
-        report.append(row)
+        if xla is not None:
+            row["xla_memory"] = xla
         ratio = row["ratio"]
-        temp = [f"{memory[w]['temp_mib']:.1f}" if memory else "-" for w in ("ours", "keras-hub")]
+        temp = [f"{xla[w]['temp_mib']:.1f}" if xla else "-" for w in ("ours", "keras-hub")]
         label = f"window {window}, chunked" if window else setting
         if SETTINGS[setting][0].get("repetition_penalty"):
             label += " (keras-hub: greedy, it has none)"
-        print(
+        line = (
             f"| {label} | {batch} | {prompt} + {new} | {row['ours_tokens_per_s']:.0f} "
             f"| {row['hub_tokens_per_s']:.0f} | {ratio['median']:.2f} "
             f"[{ratio['min']:.2f}-{ratio['max']:.2f}] | {'-' if same is None else same} "
-            f"| {temp[0]} | {temp[1]} |",
-            flush=True,
+            f"| {temp[0]} | {temp[1]} |"
         )
-    costs = overhead(repeats, args.smoke)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"backend": backend, "rows": report, "overhead": costs}, f, indent=1, default=str
-            )
+        if bandwidth is not None:
+            step = decode_bytes(size, batch, mean_cache_length(prompt, 1, new))
+            row["bytes"] = {"per_step": step, "bandwidth_gbps": bandwidth["gbps"]}
+            line += f" {step / 1e6:.0f} |"
+            for name, key in (("ours", "ours_tokens_per_s"), ("keras-hub", "hub_tokens_per_s")):
+                gbps = step * row[key] / batch / 1e9  # steps/s = tokens/s / batch
+                share = 100 * gbps / bandwidth["gbps"]
+                row["bytes"][name] = {"gbps": gbps, "pct_bandwidth": share}
+                line += f" {gbps:.1f} ({share:.0f}%) |"
+        report.append(row)
+        print(line, flush=True)
     return report
 
 

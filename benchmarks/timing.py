@@ -1,4 +1,4 @@
-"""Timing helpers: interleaved repeats of two callables, and the matmul peak.
+"""Timing helpers: interleaved repeats of callables, the matmul peak, memory bandwidth.
 
 A shared 2-core machine changes speed by up to 2x from one second to the next.
 Timing ours and the peer's step in alternating repeats (ours, peer, peer,
@@ -109,6 +109,64 @@ def matmul_peak(dtype="float32", n=2048, repeats=5):
     flops = 2.0 * n**3
     samples = [flops / _run(fn, (a, b), calls) / 1e9 for _ in range(repeats)]
     return {"gflops": statistics.median(samples), "max": max(samples), "samples": samples, "n": n}
+
+
+def _rate(fn, nbytes, repeats, min_time):
+    """GB/s samples of `fn()` moving `nbytes` a call, each over at least `min_time` seconds."""
+    fn()  # touches the pages (first-touch faults are not bandwidth)
+    calls = max(1, int(np.ceil(min_time / _run(fn, (), 1))))
+    samples = [nbytes / _run(fn, (), calls) / 1e9 for _ in range(repeats)]
+    return {"gbps": statistics.median(samples), "max": max(samples), "samples": samples}
+
+
+def copy_bandwidth(mib=256, repeats=7, min_time=0.05):
+    """Memory bandwidth of a NumPy copy, bytes read + written per second.
+
+    `np.copyto` of a `mib` MiB float32 array into a preallocated one (256
+    MiB: far past the caches), counted as `2 x mib` MiB moved a copy. This
+    is the decoding limit of `benchmarks.roofline` and of
+    `benchmarks.generation --gpt2-small` (issue 47: a decoding step at
+    batch 1 must stream every weight from memory).
+
+    Returns:
+        `{"gbps": median, "max": best, "samples": [...], "mib": mib}`, in
+        GB/s (1e9 bytes).
+    """
+    src = np.ones(mib * 2**20 // 4, "float32")
+    dst = np.empty_like(src)
+    result = _rate(lambda: np.copyto(dst, src), 2 * src.nbytes, repeats, min_time)
+    return {**result, "mib": mib}
+
+
+def read_bandwidth(mib=256, repeats=7, min_time=0.05):
+    """Memory bandwidth of a read-only pass, bytes read per second.
+
+    The same `mib` MiB float32 array summed by `np.sum` (NumPy, one thread)
+    and by `tf.reduce_sum` under `tf.function` (TensorFlow's threads); the
+    better of the two is the figure (`gbps`, `max`, `method`). It counts
+    bytes read only, where `copy_bandwidth` counts a read and a write per
+    byte copied: two measures of the same memory, printed side by side.
+
+    Returns:
+        `{"gbps", "max", "method", "mib", "numpy_sum": {...}, "tf_reduce_sum": {...}}`:
+        each method `{"gbps": median, "max": best, "samples": [...]}` in GB/s;
+        `gbps` the better median (of `method`), `max` the best sample of either.
+    """
+    array = np.ones(mib * 2**20 // 4, "float32")
+    tensor = tf.constant(array)
+    reduce_sum = tf.function(tf.reduce_sum)
+    methods = {
+        "numpy_sum": _rate(lambda: np.sum(array), array.nbytes, repeats, min_time),
+        "tf_reduce_sum": _rate(lambda: reduce_sum(tensor), array.nbytes, repeats, min_time),
+    }
+    best = max(methods, key=lambda name: methods[name]["gbps"])
+    return {
+        "gbps": methods[best]["gbps"],
+        "max": max(m["max"] for m in methods.values()),
+        "method": best,
+        "mib": mib,
+        **methods,
+    }
 
 
 def cpu_info():

@@ -187,3 +187,115 @@ def test_sharding_smoke_prints_both_tables_and_the_step_times(tmp_path):
     for name in meshes:
         assert len(times[name]["times_s"]) == 1 and times[name]["median_s"] > 0
         assert f"| {name} | " in result.stdout
+
+
+def _positive_finite(value):
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_roofline_smoke_writes_every_section_with_its_limit_and_share(tmp_path, capsys):
+    """`python -m benchmarks.roofline --smoke`: the limits, the training rows, the decoding row."""
+    pytest.importorskip("keras_hub")
+    from benchmarks import roofline
+
+    path = tmp_path / "roofline.json"
+    # One policy keeps the test short; the mixed one switches the global policy for the LM.
+    roofline.main(["--smoke", "--policies", "mixed_bfloat16", "--json", str(path)])
+    report = json.loads(path.read_text())
+    assert set(report) == {"meta", "limits", "training", "decode"}
+    assert report["meta"]["sections"] == sorted(roofline.SECTIONS)
+    limits = report["limits"]
+    for when in ("start", "end"):
+        for dtype in ("float32", "bfloat16"):
+            assert _positive_finite(limits[when]["matmul"][dtype]["max"])
+        assert _positive_finite(limits[when]["copy"]["gbps"])
+        assert limits[when]["read"]["method"] in ("numpy_sum", "tf_reduce_sum")
+        assert len(limits[when]["read"]["numpy_sum"]["samples"]) == 2
+    best = limits["best"]
+    assert set(best) == {"matmul_float32", "matmul_bfloat16", "copy", "read"}
+    assert best["copy"] == max(limits[w]["copy"]["max"] for w in ("start", "end"))
+
+    rows = report["training"]
+    assert [(r["family"], r["policy"]) for r in rows] == [
+        ("mha", "mixed_bfloat16"),
+        ("encoder", "mixed_bfloat16"),
+        ("lm", "mixed_bfloat16"),
+    ]
+    for row in rows:
+        assert row["status"] == "ok" and row["limit_gflops"] == best["matmul_bfloat16"]
+        assert _positive_finite(row["flops"]) and RATIO <= set(row["ratio"])
+        for side in ("ours", "peer"):
+            assert TIMES <= set(row[side]) and _positive_finite(row[side]["pct_peak"])
+    lm = rows[-1]
+    assert lm["flops"] == cases.lm_flops(2, 16, 1, 32, 64, 5000, train=True)
+
+    decode, half = report["decode"]
+    assert (decode["policy"], half["policy"]) == ("float32", "bfloat16")
+    assert decode["status"] == "ok" and decode["same_tokens"] is True
+    assert decode["bytes_per_step"] > 0 and decode["limit_gbps"]["copy"] == best["copy"]
+    assert half["status"] == "ok" and half["bytes_per_step"] == decode["bytes_per_step"] / 2
+    for row in (decode, half):
+        for side in ("ours", "keras-hub"):
+            assert _positive_finite(row[side]["whole_tokens_per_s"])
+            assert len(row[side]["step_s"]["samples"]) == 3
+            # A tiny model's step can drown in the noise of the difference: then no share.
+            shares = [row[side]["pct_copy"], row[side]["pct_read"]]
+            assert all(_positive_finite(s) for s in shares) or shares == [None, None]
+
+    printed = capsys.readouterr().out
+    assert "| copy, GB/s (read + write): decoding limit |" in printed
+    assert "| mixed_bf16 | 2x16x32 |" in printed
+    assert "`transformer_lm` vs keras-hub's `GPT2CausalLM`" in printed
+    assert "| 1 layers, hidden 32, vocabulary 5000 | float32 | 8, new 3..34 |" in printed
+    assert "| 1 layers, hidden 32, vocabulary 5000 | bfloat16 | 8, new 3..34 |" in printed
+
+
+def test_lm_flops_count_every_matmul():
+    # B2 L3, 1 layer, d4, I8, V10: 8*2*3*16 + 4*2*9*4 + 4*2*3*4*8 = 768 + 288 + 768; logits 480
+    assert cases.lm_flops(2, 3, 1, 4, 8, 10, train=False) == 768 + 288 + 768 + 480
+    assert cases.lm_flops(2, 3, 2, 4, 8, 10, train=True) == 3 * (2 * 1824 + 480)
+
+
+def test_decode_bytes_counts_every_weight_once_and_the_cache():
+    from benchmarks import generation
+
+    size = dict(vocabulary_size=10, num_layers=2, num_heads=2, hidden_dim=4, intermediate_dim=8)
+    # per block: q, k, v, o kernels 4*16 + biases 4*4, FFN 4*8 + 8 + 8*4 + 4, two norms 4*4
+    block = 64 + 16 + 32 + 8 + 32 + 4 + 16
+    weights = 2 * block + 10 * 4 + 2 * 4 + 3 * 4  # table, final norm, 3 position rows
+    cache = 2 * 2 * 3 * 5.5 * 4  # keys and values, 2 layers, B3, 5.5 positions, d4
+    assert generation.decode_bytes(size, 3, 5.5) == 4 * (weights + cache)
+    assert generation.decode_bytes(size, 3, 5.5, itemsize=2) == 2 * (weights + cache)
+    # Steps 9..40 after a 32-token prompt attend to 40..71 positions.
+    assert generation.mean_cache_length(32, 9, 40) == (40 + 71) / 2
+
+    keras_hub = pytest.importorskip("keras_hub")
+    backbone = keras_hub.models.GPT2Backbone(**size, max_sequence_length=16)
+    # The same count from the model: every weight but the position table, of which 1 row.
+    assert generation.decode_bytes(size, 1, 0) == 4 * (backbone.count_params() - 16 * 4 + 4)
+
+
+def test_generation_gpt2_small_smoke_is_tiny_and_reads_bytes_against_the_copy(tmp_path, capsys):
+    """`benchmarks.generation --gpt2-small --smoke`: batch 1 and 8, a tiny model, bytes/s."""
+    pytest.importorskip("keras_hub")
+    from benchmarks import generation
+
+    path = tmp_path / "gpt2.json"
+    rows = generation.main(["--gpt2-small", "--smoke", "--no-memory", "--json", str(path)])
+    report = json.loads(path.read_text())
+    assert report["size"] == generation.TINY and set(report) == {
+        "backend",
+        "size",
+        "bandwidth",
+        "rows",
+    }
+    assert _positive_finite(report["bandwidth"]["gbps"])
+    assert [(r["batch"], r["prompt"], r["new"]) for r in rows] == [(1, 8, 4), (8, 8, 4)]
+    for row in rows:
+        assert row["same_tokens"] is True
+        assert row["bytes"]["per_step"] == generation.decode_bytes(
+            generation.TINY, row["batch"], generation.mean_cache_length(8, 1, 4)
+        )
+        for side in ("ours", "keras-hub"):
+            assert _positive_finite(row["bytes"][side]["pct_bandwidth"])
+    assert "| greedy | 8 | 8 + 4 |" in capsys.readouterr().out
