@@ -1,5 +1,6 @@
 """`generate`: a language model's continuation of its prompts, compiled where the backend allows."""
 
+import math
 import weakref
 from collections.abc import Iterator, Sequence
 
@@ -17,6 +18,14 @@ from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tok
 from keras_attn.models.transformer_lm import LanguageModelSteps, check_prompts
 
 SAMPLERS = ("greedy", "sample", "beam")
+# TensorFlow, `jit_compile="auto"`: the weights (bytes) above which the greedy and sampled
+# loops run as a TensorFlow graph (`tf.function`, oneDNN's kernels) rather than under XLA.
+# A decoding step reads every weight once; below this XLA's fused small ops win (a 4-layer,
+# 18 MiB model: 2.2 ms a step against the graph's 3.1 ms), above it XLA's CPU kernels fall
+# behind oneDNN's (a GPT-2-small-sized model, 474 MiB: 53 ms a step against 40 ms; at
+# 137 MiB, 13.6 against 14.7 ms). Measured at batch 1 on the 2-core machine of
+# benchmarks/README.md ("The decoding step").
+XLA_MAX_WEIGHT_BYTES = 256 * 2**20
 _COMPILED = weakref.WeakKeyDictionary()  # model -> _CompiledLoops
 
 
@@ -52,7 +61,7 @@ def generate(
     seed: int | None = None,
     beam_width: int = 4,
     length_penalty: float = 0.6,
-    jit_compile: bool = True,
+    jit_compile: bool | str = "auto",
     suppress_ids: Sequence[int] | np.ndarray = (),
     repetition_penalty: float | None = None,
     no_repeat_ngram_size: int = 0,
@@ -81,12 +90,15 @@ def generate(
 
     Prompts may be padded (token 0) on either side: each row is continued
     from its own last real token, at its own positions, as if unpadded. The
-    greedy and sampled loops run compiled with `jit_compile=True`: one
-    `tf.function(jit_compile=True)` (XLA) on TensorFlow, one `jax.jit` on JAX
-    (the weights passed as arguments, so later training is seen), traced
-    once per model, settings (`suppress_ids` and the repetition controls included) and
-    prompt shape, and again after a change of the model's variables (`enable_lora` on its
-    layers, `model.quantize`), so the loop always computes what the model computes
+    greedy and sampled loops run compiled: one `jax.jit` on JAX (the weights
+    passed as arguments, so later training is seen); on TensorFlow one
+    `tf.function(jit_compile=True)` (XLA) with `jit_compile=True`, and with
+    `"auto"` (the default) XLA for a model of up to `XLA_MAX_WEIGHT_BYTES`
+    (256 MiB) of weights and a `tf.function` graph (oneDNN's kernels, faster at
+    reading large weights on the CPU) above it; traced once per model, settings
+    (`suppress_ids` and the repetition controls included) and prompt shape, and
+    again after a change of the model's variables (`enable_lora` on its layers,
+    `model.quantize`), so the loop always computes what the model computes
     now (beam search too: `beam_search` compiles its own loop); torch runs eagerly.
 
     With `stream=True` the tokens come as they are made: an iterator of `max_length`
@@ -110,7 +122,9 @@ def generate(
             `keras_attn.models.decoding.sample_decode`).
         beam_width, length_penalty: of `"beam"` (see `beam_search`; it needs
             `end_id`).
-        jit_compile: compile the loop (TensorFlow, JAX).
+        jit_compile: `"auto"`, `True` (XLA on TensorFlow, whatever the size) or
+            `False` (eager: op by op). JAX compiles with `jax.jit` unless `False`;
+            torch runs eagerly.
         suppress_ids: token ids never generated: a list, tuple, set or 1-D
             array of ints in `[0, vocab_size)` that leaves another token than
             padding.
@@ -134,8 +148,8 @@ def generate(
             the vocabulary, a learned-position model whose table cannot hold
             the longest prompt and `max_length` tokens, or a bad setting
             (`max_length`, `end_id`, `temperature`, `top_k`, `top_p`, `seed`,
-            `repetition_penalty`, `no_repeat_ngram_size`, `stream` with `"beam"`); each
-            names the argument.
+            `repetition_penalty`, `no_repeat_ngram_size`, `jit_compile`, `stream` with
+            `"beam"`); each names the argument.
 
     Example:
 
@@ -153,6 +167,12 @@ def generate(
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
+    if not isinstance(jit_compile, bool) and not (
+        isinstance(jit_compile, str) and jit_compile == "auto"
+    ):
+        raise ValueError(
+            f"`jit_compile` must be True, False or 'auto'. Received: jit_compile={jit_compile!r}"
+        )
     if not LanguageModelSteps.matches(model):
         raise ValueError(
             "`model` must be built by keras_attn.models.transformer_lm. "
@@ -174,7 +194,8 @@ def generate(
     if sampler == "beam":
         tokens, _, *scores = decoding.beam_search(
             model, prompts, max_length, end_id=end_id, beam_width=beam_width,
-            length_penalty=length_penalty, suppress_ids=suppress_ids, jit_compile=jit_compile,
+            length_penalty=length_penalty, suppress_ids=suppress_ids,
+            jit_compile=bool(jit_compile),
             repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
             return_scores=return_scores,
         )  # fmt: skip
@@ -188,7 +209,8 @@ def generate(
         no_repeat_ngram_size=no_repeat_ngram_size,
         return_scores=return_scores,
     )
-    settings = (max_length, end_id, suppress_ids, *options.values(), sampler)
+    xla = jit_compile is True or keras.backend.backend() != "tensorflow" or _small(model)
+    settings = (max_length, end_id, suppress_ids, *options.values(), sampler, xla)
     if sampler == "sample":
         settings += (temperature, top_k, top_p)
     batch = prompts.shape[0]
@@ -213,7 +235,7 @@ def generate(
     if stream:
         if batch == 0:
             return _stream_empty(max_length, return_scores)
-        prefill, step = _stream_functions(model, settings, decoding_loop, compiled)
+        prefill, step = _stream_functions(model, settings, decoding_loop, compiled, xla)
         return _stream(prefill, step, prompts, uniform, max_length, end_id, return_scores)
     if batch == 0:  # no prompts, no tokens (nothing to decode, nor to compile)
         tokens, scores = np.zeros((0, max_length), "int32"), np.zeros((0, max_length), "float32")
@@ -226,12 +248,12 @@ def generate(
         return tuple(value for value in decode.result(carry) if value is not None)
 
     if compiled:
-        loop = _compiled_loop(model, settings, loop)
+        loop = _compiled_loop(model, settings, loop, xla)
     outputs = tuple(np.asarray(ops.convert_to_numpy(value)) for value in loop(prompts, uniform))
     return outputs if return_scores else outputs[0]
 
 
-def _stream_functions(model, settings, decoding_loop, compiled):
+def _stream_functions(model, settings, decoding_loop, compiled, xla=True):
     """`prefill(prompts) -> carry` and `step(index, carry, uniform) -> carry` of the
     `DecodingLoop`s `decoding_loop(uniform, steps)` makes, compiled and kept with the
     model's other loops when `compiled`. The step feeds the decoding steps that the
@@ -249,8 +271,8 @@ def _stream_functions(model, settings, decoding_loop, compiled):
     if not compiled:
         return prefill, step
     return (
-        _compiled_loop(model, settings + ("prefill",), prefill),
-        _compiled_loop(model, settings + ("step",), step),
+        _compiled_loop(model, settings + ("prefill",), prefill, xla),
+        _compiled_loop(model, settings + ("step",), step, xla),
     )
 
 
@@ -277,13 +299,22 @@ def _stream_empty(max_length, return_scores):
     return iter([(tokens, scores) if return_scores else tokens] * max_length)
 
 
-def _compile(variables, loop):
-    """`loop(*args)` under XLA: `tf.function(jit_compile=True)` or `jax.jit`
+def _small(model) -> bool:
+    """Whether `model`'s weights fit `XLA_MAX_WEIGHT_BYTES` (`jit_compile="auto"`)."""
+    nbytes = 0
+    for variable in model.weights:
+        bits = "".join(c for c in str(variable.dtype) if c.isdigit())  # "bfloat16" -> 16
+        nbytes += math.prod(variable.shape) * max(1, int(bits or 8) // 8)
+    return nbytes <= XLA_MAX_WEIGHT_BYTES
+
+
+def _compile(variables, loop, xla=True):
+    """`loop(*args)` compiled: `tf.function(jit_compile=xla)` or `jax.jit`
     (`variables`, the model's, passed as arguments)."""
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(loop, jit_compile=True, reduce_retracing=True)
+        return tf.function(loop, jit_compile=xla, reduce_retracing=True)
     import jax
 
     def stateless(values, *args):
@@ -294,14 +325,15 @@ def _compile(variables, loop):
     return lambda *args: jitted([v.value for v in variables], *args)
 
 
-def _compiled_loop(model, settings, loop):
+def _compiled_loop(model, settings, loop, xla=True):
     """`model`'s compiled `loop(*args)` for `settings` (a hashable key), traced on first use
     and again after a change of the model's variables (`_CompiledLoops`). `loop` must not
-    hold `model` (the cache lives as long as the model: reach it through a weak reference)."""
+    hold `model` (the cache lives as long as the model: reach it through a weak reference).
+    `xla=False`: a TensorFlow graph without XLA (`settings` must say so)."""
     variables = tuple(model.variables)
     functions = _COMPILED.get(model)
     if functions is None or not functions.traced_with(variables):
         functions = _COMPILED[model] = _CompiledLoops(variables)
     if settings not in functions:
-        functions[settings] = _compile(variables, loop)
+        functions[settings] = _compile(variables, loop, xla)
     return functions[settings]

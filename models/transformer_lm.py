@@ -329,6 +329,27 @@ class LanguageModelSteps:
             new.append(cache)
         return x, new
 
+    def _logits(self, x):
+        """`(B, d)` hidden states -> `(B, V)`: the token embedding's reverse projection.
+
+        `token_embedding(x, reverse=True)` multiplies by the transposed table; under
+        XLA on the CPU that transpose is a copy of the whole `(V, d)` table at every
+        step (154 MiB for GPT-2's). A contraction with the table as it lies reads it
+        once. A quantized table (`quantize`), a soft cap or a reverse dtype go
+        through the layer itself.
+        """
+        layer = self.token_embedding
+        plain = (
+            layer.tie_weights
+            and getattr(layer, "quantization_mode", None) is None
+            and layer.logit_soft_cap is None
+            and layer.reverse_dtype is None
+        )
+        if not plain:
+            return layer(ops.expand_dims(x, 1), reverse=True)[:, 0]
+        table = ops.cast(layer.embeddings, x.dtype)  # (V, d)
+        return ops.transpose(ops.matmul(table, ops.transpose(x)))  # (V, d) (d, B) -> (B, V)
+
     def start_tokens(self, prompts: TensorLike) -> TensorLike:
         """`(B,)` int32: each prompt's last token, fed at the first step."""
         return left_align(prompts)[:, -1]
@@ -373,6 +394,6 @@ class LanguageModelSteps:
         x, caches = self._blocks(x, ops.not_equal(tokens, 0), state.caches, cache_index)
         if self.norm is not None:
             x = self.norm(x)
-        logits = self.token_embedding(x, reverse=True)[:, 0]  # (B, V)
+        logits = self._logits(x[:, 0])  # (B, V)
         cache_index = None if state.cache_index is None else state.cache_index + 1
         return logits, LanguageModelState(caches, state.positions + 1, cache_index)

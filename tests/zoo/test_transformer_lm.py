@@ -170,6 +170,30 @@ def test_compiled_generation_equals_the_full_pass():
     np.testing.assert_array_equal(generate(model, PROMPTS, 4), _greedy_reference(model, PROMPTS, 4))
 
 
+@pytest.mark.xla
+def test_auto_compile_chooses_by_the_size_of_the_weights(monkeypatch):
+    """`jit_compile="auto"`: XLA up to `XLA_MAX_WEIGHT_BYTES` of weights, a TensorFlow graph
+    above (JAX: `jax.jit` either way); the same tokens, one-shot and streamed."""
+    from keras_attn.models import generate, lm_generation
+
+    model = _lm(num_layers=1)
+    nbytes = 4 * model.count_params()  # float32 weights
+    expected = _greedy_reference(model, PROMPTS, 4)
+    for limit, small in ((nbytes, True), (nbytes - 1, False)):
+        monkeypatch.setattr(lm_generation, "XLA_MAX_WEIGHT_BYTES", limit)
+        assert lm_generation._small(model) is small
+        np.testing.assert_array_equal(generate(model, PROMPTS, 4), expected)
+        streamed = np.stack(list(generate(model, PROMPTS, 4, stream=True)), axis=1)
+        np.testing.assert_array_equal(streamed, expected)
+    if keras.backend.backend() == "tensorflow":  # both kinds of function were traced
+        traced = lm_generation._COMPILED[model].values()
+        assert sorted({function._jit_compile for function in traced}) == [False, True]
+    with pytest.raises(ValueError, match="True, False or 'auto'. Received: jit_compile='xla'"):
+        generate(model, PROMPTS, 4, jit_compile="xla")
+    with pytest.raises(ValueError, match="Received: jit_compile=1"):
+        generate(model, PROMPTS, 4, jit_compile=1)
+
+
 def test_greedy_with_suppressed_ids_equals_the_full_pass():
     """The argmax over the allowed ids, token by token: greedy, greedy_decode, width-1 beam."""
     from keras_attn.models import generate, greedy_decode
