@@ -14,24 +14,15 @@ weights nor dropout, in fewer passes over the `(..., Tq, Tv)` scores:
   `delta = rowsum(dO * O)` (a `(Tq, dv)` pass instead of the softmax
   gradient's `rowsum(dP * P)` over `(Tq, Tv)`).
 
-Without a bias, in float32 and bfloat16, the weights are never normalized in
-`(..., Tq, Tv)`: the kernel keeps `E = exp(S - m)` (`m` the row maximum) and
-`r = 1 / rowsum(E)` (float32, `(..., Tq, 1)`), and every row scaling happens
-on `(..., Tq, dv)` tensors instead:
-
-- forward: `[O l, l] = E [V, 1]` (the row sums come out of the same matmul,
-  accumulated in float32 by the matmul even for bfloat16 inputs), `O = (O l) r`;
-- backward: with `G = r dO` and `delta' = rowsum(G * O)`,
-  `dS = E * ([G, -delta'] [V, 1]^T)` (the subtraction of `delta` happens inside
-  the matmul's accumulator), `dV = E^T G`.
-
-That is two passes over the `(..., Tq, Tv)` scores fewer than softmax's
-normalized weights, and under `mixed_bfloat16` the scores, `E` and `dS` stay
-in bfloat16 (half the bytes; the sums in float32 inside the matmuls, `r` and
-`delta'` in float32) instead of making float32 copies. With a bias (added in
-float32) and in float16 (whose row sums could overflow at 65,504) the
-normalized float32 softmax is kept, with, under mixed precision, `delta` taken
-as `rowsum(dP * P)` so that it cancels exactly against the rounded `dP`.
+In float32, and in bfloat16 without a bias, `dP - delta` is taken inside
+the matmul (`[dO, -delta] [V, 1]^T`, accumulated in float32 by the matmul):
+`dS = P * ([dO, -delta] [V, 1]^T)`, a pass over `(..., Tq, Tv)` fewer than
+`P * (dP - delta)`, and under `mixed_bfloat16` on the bfloat16 weights the
+`P V` matmul read, with no float32 copy of `dP` or `dS` (the scores' backward
+stays in bfloat16, half the bytes). With a bias and in float16 (where `dO V^T`
+could overflow before a float32 subtraction), `dP` is cast to float32 and
+`delta` taken as `rowsum(dP * P)`, so that it cancels exactly against the
+rounded `dP`.
 """
 
 from keras import ops
@@ -98,58 +89,13 @@ def _forward(q, k, v, mask, flag, bias):
     return finite.nan_where_seen(out, probs_low, flag), out, probs, probs_low
 
 
-def _unnormalized(q, k, v, mask, flag):
-    """`(seen_out, out, e, r)`: the output without normalizing the weights (module doc):
-    `e = exp(s - m)` in the inputs' dtype, `r = 1 / rowsum(e)` float32 `(..., Tq, 1)`."""
-    scores = ops.matmul(q, swap_last(k))
-    if mask is not None:  # float32's lowest is -inf in bfloat16: a row of fills would be NaN
-        scores = ops.where(mask, scores, ops.cast(_fill(scores.dtype), scores.dtype))
-    e = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))  # the maximum gives 1
-    total = ops.matmul(e, _with_ones(v))  # (..., Tq, dv + 1): [O l, l]
-    r = 1.0 / ops.cast(total[..., -1:], "float32")
-    out = ops.cast(ops.cast(total[..., :-1], "float32") * r, v.dtype)
-    return finite.nan_where_seen(out, e, flag), out, e, r
-
-
-def _fill(dtype):
-    """The masked scores' value: float32's lowest (`masks.FILL`), bfloat16's in bfloat16."""
-    return masks.FILL if dtype == "float32" else -3.3895313892515355e38  # bfloat16's lowest
-
-
 def _with_ones(x):
     """`[x, 1]`: `(..., T, d + 1)`."""
     return ops.concatenate([x, ops.ones_like(x[..., :1])], axis=-1)
 
 
-def _attend_unnormalized(q, k, v, mask, flag):
-    """`_attend` without a bias, in float32 or bfloat16 (module doc)."""
-    if not records_gradients(q, k, v):
-        return _unnormalized(q, k, v, mask, flag)[0]
-
-    def attend(q, k, v, mask, flag):
-        q_, k_, v_ = (ops.stop_gradient(x) for x in (q, k, v))  # as in `_attend`
-        seen_out, out, e, r = _unnormalized(q_, k_, v_, mask, flag)
-
-        def grad(d_out):
-            g = ops.cast(d_out, "float32") * r  # (..., Tq, dv): dO / l
-            delta = ops.sum(g * ops.cast(out, "float32"), axis=-1, keepdims=True)
-            g_low = ops.cast(g, v.dtype)
-            d_v = ops.matmul(swap_last(e), g_low)  # E^T dO / l = P^T dO
-            minus = ops.concatenate([g_low, ops.cast(-delta, v.dtype)], axis=-1)
-            d_scores = e * ops.matmul(minus, swap_last(_with_ones(v_)))  # P (dP - delta)
-            if mask is not None:  # replaced, not multiplied: see `_attend`
-                d_scores = ops.where(mask, d_scores, ops.zeros_like(d_scores))
-            return ops.matmul(d_scores, k_), ops.matmul(swap_last(d_scores), q_), d_v
-
-        return seen_out, grad
-
-    return custom_gradient(attend, (q, k, v), (mask, flag))
-
-
 def _attend(q, k, v, mask, flag, bias=None):
     """The custom-gradient pass over `(q, k, v)`, or `(q, k, v, bias)` with a bias."""
-    if bias is None and ops.dtype(v) == "bfloat16" and ops.dtype(q) == ops.dtype(v):
-        return _attend_unnormalized(q, k, v, mask, flag)
     if not records_gradients(q, k, v, bias):  # eager inference: the forward pass alone
         return _forward(q, k, v, mask, flag, bias)[0]
     inputs = (q, k, v) if bias is None else (q, k, v, bias)
@@ -167,10 +113,13 @@ def _attend(q, k, v, mask, flag, bias=None):
         def grad(d_out):
             d_out = ops.cast(d_out, v.dtype)
             d_v = ops.matmul(swap_last(probs_low), d_out)
-            if ops.dtype(v) == "float32":  # a name: `v.dtype` is torch.float32 on torch
-                delta = ops.sum(d_out * out, axis=-1, keepdims=True)  # (..., Tq, 1)
-                minus = ops.concatenate([d_out, -delta], axis=-1)  # dP - delta in the matmul
-                d_scores = probs * ops.matmul(minus, swap_last(_with_ones(v_)))
+            # a name: `v.dtype` is torch.float32 on torch
+            if ops.dtype(v) == "float32" or not bias and ops.dtype(v) == "bfloat16":
+                # dP - delta inside the matmul's (float32) accumulator: [dO, -delta] [V, 1]^T
+                delta = ops.sum(ops.cast(d_out, "float32") * ops.cast(out, "float32"), -1, True)
+                minus = ops.concatenate([d_out, ops.cast(-delta, v.dtype)], axis=-1)
+                weights = probs if ops.dtype(v) == "float32" else probs_low
+                d_scores = weights * ops.matmul(minus, swap_last(_with_ones(v_)))
             else:  # rounded dP: subtract its own weighted mean, as the softmax gradient does
                 d_probs = ops.cast(ops.matmul(d_out, swap_last(v_)), "float32")
                 delta = ops.sum(d_probs * probs, axis=-1, keepdims=True)
@@ -178,7 +127,7 @@ def _attend(q, k, v, mask, flag, bias=None):
             # Replaced, not multiplied: P = 0 at a masked key, but dP = dO V^T may be
             # inf there (a huge masked value), and 0 * inf is NaN.
             if mask is not None:
-                d_scores = ops.where(mask, d_scores, 0.0)
+                d_scores = ops.where(mask, d_scores, ops.zeros_like(d_scores))
             grads = ()
             if bias:
                 grads = (bias_lib.sum_to_shape(d_scores, bias_shape),)
