@@ -26,6 +26,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._execution import no_gradients
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_finite_number, check_positive_int
 from keras_attn.models.logits_processors import check_no_repeat_ngram_size, check_repetition_penalty
@@ -180,7 +181,8 @@ def beam_search(
         "return_alignment": bool(return_alignment),
     }
     if not jit_compile or keras.backend.backend() == "torch":
-        return _outputs(beam_search_loop(model, source, *settings, **options))
+        with no_gradients():  # torch: nothing to record for a backward pass
+            return _outputs(beam_search_loop(model, source, *settings, **options))
     from keras_attn.models import lm_generation
 
     # The compiled loop lives as long as the model (a weak key): it must not hold it.

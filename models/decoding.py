@@ -25,6 +25,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._execution import no_gradients
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_positive_int, is_int
 from keras_attn.models.logits_processors import (
@@ -407,10 +408,11 @@ def _decode_model(
     if encoder_inputs.shape[0] == 0:  # no examples: nothing to decode
         decoded = _empty(encoder_inputs, max_length)
     else:
-        decoded = _decode(
-            steps, encoder_inputs, max_length, start_id, end_id, choice(max_length),
-            suppress_ids, **options,
-        )  # fmt: skip
+        with no_gradients():  # torch: nothing to record for a backward pass
+            decoded = _decode(
+                steps, encoder_inputs, max_length, start_id, end_id, choice(max_length),
+                suppress_ids, **options,
+            )  # fmt: skip
     return _returned(decoded, options["return_scores"], options["return_alignment"])
 
 

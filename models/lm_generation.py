@@ -8,6 +8,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._execution import no_gradients
 from keras_attn._typing import TensorLike
 from keras_attn.models import decoding
 from keras_attn.models.logits_processors import (
@@ -249,7 +250,8 @@ def generate(
 
     if compiled:
         loop = _compiled_loop(model, settings, loop, xla)
-    outputs = tuple(np.asarray(ops.convert_to_numpy(value)) for value in loop(prompts, uniform))
+    with no_gradients():  # torch: nothing to record for a backward pass
+        outputs = tuple(np.asarray(ops.convert_to_numpy(v)) for v in loop(prompts, uniform))
     return outputs if return_scores else outputs[0]
 
 
@@ -278,13 +280,15 @@ def _stream_functions(model, settings, decoding_loop, compiled, xla=True):
 
 def _stream(prefill, step, prompts, uniform, max_length, end_id, return_scores):
     """The iterator of `generate(..., stream=True)`: each step's `(B,)` tokens (and scores)."""
-    carry = prefill(prompts)
+    with no_gradients():  # per call: a generator must not hold it across its yields
+        carry = prefill(prompts)
     ended = np.zeros(prompts.shape[0], bool)
     for index in range(max_length):
         if ended.all():  # every row has ended: zeros, as the one-shot call pads
             tokens, scores = np.zeros(len(ended), "int32"), np.zeros(len(ended), "float32")
         else:
-            carry = step(np.int32(index), carry, uniform)
+            with no_gradients():
+                carry = step(np.int32(index), carry, uniform)
             tokens = np.asarray(ops.convert_to_numpy(carry["tokens"]))
             if return_scores:
                 scores = np.asarray(ops.convert_to_numpy(carry["scores"][:, index]))
