@@ -299,3 +299,14 @@ def test_generation_gpt2_small_smoke_is_tiny_and_reads_bytes_against_the_copy(tm
         for side in ("ours", "keras-hub"):
             assert _positive_finite(row["bytes"][side]["pct_bandwidth"])
     assert "| greedy | 8 | 8 + 4 |" in capsys.readouterr().out
+
+
+def test_attention_profile_runs_every_piece(capsys):
+    from benchmarks import profile
+
+    result = profile.attention(shape=(1, 2, 16, 4), repeats=1)
+    pieces = [name for name in result if name not in ("ratio", "cpu_ratio")]
+    assert len(pieces) == 7 and all(result[name]["median_s"] > 0 for name in pieces)
+    printed = capsys.readouterr().out
+    assert "the scores are 0 MB" in printed
+    assert "| fused kernel, forward + backward (XLA) |" in printed

@@ -1,0 +1,168 @@
+"""Where the time goes: the profiles behind the roofline's unmet targets (issue 47).
+
+    python -m benchmarks.profile attention [--dtype float32|bfloat16]
+    python -m benchmarks.profile decode
+
+TensorFlow, one process, repeats interleaved (`benchmarks.timing.time_group`); each
+row is a median in ms.
+
+`attention`: the attention core of the 2 x 2048 x 256 (8 heads) training step, q, k,
+v of `(2, 8, 2048, 32)`, its pieces against what memory allows: writing the
+`(2, 8, 2048, 2048)` scores once (a fill), `Q K^T` alone (its output written), under
+XLA, `Q K^T` then softmax then `P V` (forward), and `keras_attn.kernels.fused_attention`
+forward and forward + backward, in `tf.function` and under XLA.
+
+`decode`: one cached decoding step of a GPT-2-small-sized `transformer_lm` (12 layers,
+12 heads, hidden 768, vocabulary 50,257; a 32-token prompt prefilled) at batch 1, as a
+`tf.function` graph and under XLA: the whole step, the 12 blocks alone, the output
+projection alone; and a chain of matrix-vector products with the blocks' weight
+shapes (12 x 768x2304, 768x768, 768x3072, 3072x768: the weights a step reads), the
+bandwidth-bound floor of the blocks, in GB/s.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import timing  # noqa: E402
+
+
+def _print(result, names, extra=None):
+    for name in names:
+        note = f"  {extra[name]}" if extra and name in extra else ""
+        print(f"| {name} | {1e3 * result[name]['median_s']:.1f} |{note}")
+
+
+def attention(dtype="float32", shape=(2, 8, 2048, 32), repeats=5):
+    """The attention core's pieces at `shape` `(B, h, L, dh)`; prints a table."""
+    from keras_attn import kernels
+
+    batch, heads, length, dim = shape
+    q, k, v = (tf.cast(tf.random.normal(shape, seed=i), dtype) for i in range(3))
+    spec = kernels.AttentionSpec(return_weights=False)
+
+    def first(x):  # a scalar that waits for `x` without reading all of it
+        return tf.reduce_sum(tf.cast(x[..., :1, :1], "float32"))
+
+    def fused(q, k, v):
+        return kernels.fused_attention(q, k, v, spec)[0]
+
+    def forward_backward(fn):
+        def step(q, k, v):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                loss = tf.reduce_sum(tf.cast(fn(q, k, v), "float32") ** 2)
+            return tf.add_n([first(g) for g in tape.gradient(loss, [q, k, v])])
+
+        return step
+
+    scores = (batch, heads, length, length)
+    plain = {
+        "write the scores once (a fill)": lambda q, k, v: first(
+            tf.fill(scores, tf.cast(q[0, 0, 0, 0], dtype))
+        ),
+        "Q K^T": lambda q, k, v: first(tf.matmul(q, k, transpose_b=True)),
+        "Q K^T, softmax, P V": lambda q, k, v: first(
+            tf.matmul(tf.nn.softmax(tf.matmul(q, k, transpose_b=True)), v)
+        ),
+        "fused kernel, forward": lambda q, k, v: first(fused(q, k, v)),
+        "fused kernel, forward + backward": forward_backward(fused),
+    }
+    xla = {
+        "Q K^T (XLA)": plain["Q K^T"],
+        "fused kernel, forward + backward (XLA)": plain["fused kernel, forward + backward"],
+    }
+    fns = {name: tf.function(fn) for name, fn in plain.items()}
+    fns.update({name: tf.function(fn, jit_compile=True) for name, fn in xla.items()})
+    result = timing.time_group(fns, (q, k, v), repeats=repeats, min_time=0.3)
+    nbytes = np.prod(scores) * tf.as_dtype(dtype).size
+    print(f"attention core {dtype}, q k v {shape}: the scores are {nbytes / 1e6:.0f} MB")
+    print("| piece | ms |\n|---|---|")
+    write_gbps = nbytes / result["write the scores once (a fill)"]["median_s"] / 1e9
+    gflops = 2 * np.prod(scores) * dim / result["Q K^T"]["median_s"] / 1e9
+    _print(result, fns, {
+        "write the scores once (a fill)": f"({write_gbps:.1f} GB/s)",
+        "Q K^T": f"({gflops:.0f} GFLOP/s)",
+    })  # fmt: skip
+    return result
+
+
+def decode(repeats=5):
+    """One decoding step of a GPT-2-small-sized model, graph and XLA; prints a table."""
+    import keras_hub
+
+    from keras_attn.models.gpt2 import from_gpt2_backbone
+    from keras_attn.models.transformer_lm import LanguageModelSteps
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
+        intermediate_dim=3072, max_sequence_length=1024,
+    )  # fmt: skip
+    steps = LanguageModelSteps(from_gpt2_backbone(backbone, dropout=0.0))
+    prompts = tf.constant(np.random.default_rng(1).integers(1, 50257, (1, 32)), "int32")
+    state = steps.start(prompts, 40)
+    token = prompts[:, -1]
+
+    def whole(token, state):
+        logits, new = steps.step(token, 3, state)
+        return tf.reduce_sum(logits[:, :4]) + tf.reduce_sum(new.caches[0].key[0, 0, 0])
+
+    def blocks(token, state):
+        x = steps._embed(token[:, None], state.positions[:, None])
+        x, caches = steps._blocks(x, tf.not_equal(token[:, None], 0), state.caches, 34)
+        return tf.reduce_sum(x) + tf.reduce_sum(caches[0].key[0, 0, 0])
+
+    def logits(token, state):
+        x = tf.ones((1, 768)) * tf.cast(state.positions, "float32")[:, None]  # (1, d)
+        return tf.reduce_sum(steps._logits(x)[:, :4])
+
+    fns = {}
+    for name, fn in (("step", whole), ("12 blocks", blocks), ("output projection", logits)):
+        fns[f"{name}, graph"] = tf.function(fn)
+        fns[f"{name}, XLA"] = tf.function(fn, jit_compile=True)
+    result = timing.time_group(fns, (token, state), repeats=repeats, min_time=0.3)
+
+    shapes = ((768, 2304), (768, 768), (768, 3072), (3072, 768))
+    weights = [tf.Variable(tf.random.normal(s) * 0.02) for _ in range(12) for s in shapes]
+
+    def chain(x):
+        for i in range(12):
+            a, b, c, d = weights[4 * i : 4 * i + 4]
+            x = x + tf.matmul(tf.matmul(x, a)[:, :768], b)
+            x = x + tf.matmul(tf.nn.relu(tf.matmul(x, c)), d)
+        return tf.reduce_sum(x)
+
+    floor = {"matrix-vector chain, graph": tf.function(chain),
+             "matrix-vector chain, XLA": tf.function(chain, jit_compile=True)}  # fmt: skip
+    floors = timing.time_group(floor, (tf.random.normal((1, 768)),), repeats, min_time=0.3)
+    nbytes = sum(int(np.prod(w.shape)) for w in weights) * 4
+    print("decoding step, GPT-2 small, batch 1, float32")
+    print("| piece | ms |\n|---|---|")
+    _print(result, fns)
+    _print(floors, floor, {
+        name: f"({nbytes / floors[name]['median_s'] / 1e9:.1f} GB/s of {nbytes / 1e6:.0f} MB)"
+        for name in floor
+    })  # fmt: skip
+    return result, floors
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("attention", "decode"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    args = parser.parse_args(argv)
+    if keras.backend.backend() != "tensorflow":
+        sys.exit("benchmarks.profile times tf.function steps: KERAS_BACKEND=tensorflow")
+    return attention(args.dtype) if args.what == "attention" else decode()
+
+
+if __name__ == "__main__":
+    main()
