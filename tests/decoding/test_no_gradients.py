@@ -2,7 +2,7 @@
 
 Before `keras_attn._execution.no_gradients`, each eager decode on torch recorded its steps,
 and the kernels' custom gradients kept them alive after the call returned: a GPT-2-small-sized
-model at batch 8 grew by about 1.4 GB a call (measured), a tiny one by 20 recorded tensors.
+model at batch 8 grew by about 1.4 GB a call (measured), a tiny one by 17 recorded tensors.
 """
 
 import gc
@@ -18,11 +18,11 @@ pytestmark = pytest.mark.skipif(
 
 
 def _recorded_tensors():
-    """How many live torch tensors carry a recorded op (`grad_fn`)."""
+    """The live torch tensors that carry a recorded op (`grad_fn`)."""
     import torch
 
     gc.collect()
-    return sum(isinstance(o, torch.Tensor) and o.grad_fn is not None for o in gc.get_objects())
+    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None]
 
 
 def test_decoders_keep_no_recorded_steps_and_leave_gradients_on():
@@ -33,6 +33,8 @@ def test_decoders_keep_no_recorded_steps_and_leave_gradients_on():
     keras.utils.set_random_seed(0)
     model = transformer_lm(30, num_layers=1, d_model=16, intermediate_dim=32, dropout=0.0)
     prompts = np.array([[5, 6, 7], [8, 9, 0]], "int32")
+    # Other tests of the process may hold recorded tensors: these are held here (so that no
+    # new tensor takes one's id) and only new ones count.
     before = _recorded_tensors()
     generate(model, prompts, 3)
     generate(model, prompts, 3, sampler="beam", end_id=2, beam_width=2)
@@ -41,5 +43,6 @@ def test_decoders_keep_no_recorded_steps_and_leave_gradients_on():
     next(stream)
     assert torch.is_grad_enabled()  # the stream turns gradients off per call, not across yields
     list(stream)
-    assert _recorded_tensors() == before
+    held = {id(t) for t in before}
+    assert [t.shape for t in _recorded_tensors() if id(t) not in held] == []
     assert torch.is_grad_enabled()
