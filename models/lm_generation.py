@@ -25,7 +25,7 @@ SAMPLERS = ("greedy", "sample", "beam")
 # 18 MiB model: 2.2 ms a step against the graph's 3.1 ms), above it XLA's CPU kernels fall
 # behind oneDNN's (a GPT-2-small-sized model, 474 MiB: 53 ms a step against 40 ms; at
 # 137 MiB, 13.6 against 14.7 ms). Measured at batch 1 on the 2-core machine of
-# benchmarks/README.md ("The decoding step").
+# benchmarks/README.md ("The roofline"; `python -m benchmarks.profile decode`).
 XLA_MAX_WEIGHT_BYTES = 256 * 2**20
 _COMPILED = weakref.WeakKeyDictionary()  # model -> _CompiledLoops
 
