@@ -71,41 +71,27 @@ from benchmarks import cases, generation, run, timing  # noqa: E402
 SECTIONS = ("mha", "encoder", "lm", "decode")
 LM_PEER = "keras_hub.models.GPT2CausalLM"
 LM_OURS = "keras_attn.models.transformer_lm (from_gpt2_backbone)"
+FULL = dict(
+    repeats=7,  # interleaved repeats per training row
+    min_time=0.3,  # seconds per repeat, at least
+    probe_n=2048,  # matmul size: the peak, and the probes around each row
+    vs_fp32=False,  # (run.bench_pair) no float32 peer beside the mixed rows
+    bandwidth_mib=256,
+    bandwidth_repeats=7,
+    shapes=cases.SHAPES,
+    lm_size=generation.DEFAULT_SIZE,
+    lm_shape=(8, 256),  # (B, L)
+    decode_size=generation.GPT2_SMALL,
+    prompt=32,
+    decode_lengths=(8, 40),  # new tokens: the step is the difference
+    whole=64,  # new tokens of the whole-call row
+    decode_repeats=5,
+    decode_policies=("float32", "bfloat16"),
+)
 SETTINGS = {
-    "full": dict(
-        repeats=7,  # interleaved repeats per training row
-        min_time=0.3,  # seconds per repeat, at least
-        probe_n=2048,  # matmul size: the peak, and the probes around each row
-        vs_fp32=False,  # (run.bench_pair) no float32 peer beside the mixed rows
-        bandwidth_mib=256,
-        bandwidth_repeats=7,
-        shapes=cases.SHAPES,
-        lm_size=generation.DEFAULT_SIZE,
-        lm_shape=(8, 256),  # (B, L)
-        decode_size=generation.GPT2_SMALL,
-        prompt=32,
-        decode_lengths=(8, 40),  # new tokens: the step is the difference
-        whole=64,  # new tokens of the whole-call row
-        decode_repeats=5,
-        decode_policies=("float32", "bfloat16"),
-    ),
-    "quick": dict(
-        repeats=3,
-        min_time=0.1,
-        probe_n=2048,
-        vs_fp32=False,
-        bandwidth_mib=256,
-        bandwidth_repeats=5,
-        shapes=cases.SHAPES,
-        lm_size=generation.DEFAULT_SIZE,
-        lm_shape=(8, 256),
-        decode_size=generation.GPT2_SMALL,
-        prompt=32,
-        decode_lengths=(8, 40),
-        whole=64,
-        decode_repeats=3,
-        decode_policies=("float32", "bfloat16"),
-    ),
+    "full": FULL,
+    # the full run's sizes, fewer and shorter repeats
+    "quick": dict(FULL, repeats=3, min_time=0.1, bandwidth_repeats=5, decode_repeats=3),
     "smoke": dict(
         repeats=2,
         min_time=0.0,
@@ -416,7 +402,7 @@ def parse_args(argv):
         prog="python -m benchmarks.roofline", description=__doc__.split("\n\n")[0]
     )
     speed = parser.add_mutually_exclusive_group()
-    speed.add_argument("--quick", action="store_true", help="fewer repeats; about 5 minutes")
+    speed.add_argument("--quick", action="store_true", help="fewer repeats; about 5-7 minutes")
     speed.add_argument("--smoke", action="store_true", help="tiny shapes and models")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     parser.add_argument("--repeats", type=int, help="interleaved repeats per training row")
