@@ -12,10 +12,13 @@ the values are not known yet.
 
 import contextlib
 import functools
+import threading
 
 import keras
 import numpy as np
 from keras import ops
+
+_INFERENCE = threading.local()  # `depth`: how many `no_gradients()` contexts are open
 
 
 def _tracer_type():
@@ -85,8 +88,11 @@ def records_gradients(*tensors) -> bool:
     `True` whenever it cannot tell: a traced call (a graph may be
     differentiated later), TensorFlow with a `GradientTape` recording, JAX on
     tracers (`jax.grad` traces), torch with gradients enabled and a tensor
-    that requires them. `False` for an eager inference call.
+    that requires them. `False` for an eager inference call, and for any call
+    inside `no_gradients()` (the decoders' loops, eager or traced).
     """
+    if getattr(_INFERENCE, "depth", 0):
+        return False
     if not is_eager(*tensors):
         return True
     backend = keras.backend.backend()
@@ -103,19 +109,30 @@ def records_gradients(*tensors) -> bool:
     return False  # JAX on concrete arrays: no transformation is tracing them
 
 
+@contextlib.contextmanager
 def no_gradients():
-    """A context in which torch records no gradients (`torch.no_grad()`); elsewhere nothing.
+    """A context for code that nothing will differentiate: the zoo's decoding loops.
 
-    For inference loops that run eagerly on torch (the zoo's decoders): without it every
-    op of every step is recorded for a backward pass that never comes, which costs time
-    and, through the kernels' custom gradients, kept each call's recorded steps alive
-    after it returned (a GPT-2-small-sized model at batch 8: about 1.4 GB more each call).
+    Inside it `records_gradients` is `False`, so the kernels build no custom gradient,
+    eagerly or in a trace (a `tf.function` or `jax.jit` traced inside it: a traced
+    GPT-2-small-sized decoding step has 72 ops fewer); on torch it is also
+    `torch.no_grad()`. Without it, eager torch recorded every op of every step for a
+    backward pass that never comes, which cost time and, through the kernels' custom
+    gradients, kept each call's recorded steps alive after it returned (a
+    GPT-2-small-sized model at batch 8: about 1.4 GB more each call). A generator must
+    enter it per step, not across its yields (the flag is per thread).
     """
-    if keras.backend.backend() == "torch":
-        import torch
+    _INFERENCE.depth = getattr(_INFERENCE, "depth", 0) + 1
+    try:
+        if keras.backend.backend() == "torch":
+            import torch
 
-        return torch.no_grad()
-    return contextlib.nullcontext()
+            with torch.no_grad():
+                yield
+        else:
+            yield
+    finally:
+        _INFERENCE.depth -= 1
 
 
 def transpose(x, axes):

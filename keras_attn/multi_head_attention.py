@@ -546,9 +546,13 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             cache,
             cache_update_index,
         )
-        # A self-attention step: each new token is written valid and sees itself.
-        step = cached and cache_update_index is not None
-        step = step and all(m is None for m in (query_mask, key_padding_mask, attention_mask))
+        # A self-attention step: each new token is written valid (where the new tokens'
+        # padding mask says so) and sees itself, whatever the causal mask and window.
+        step = cached and cache_update_index is not None and attention_mask is None
+        # The new keys' padding is the queries' (a decoder's self-attention): the real
+        # queries see a key, their own, and the padded ones are zeroed: the rows are known.
+        own_keys = step and key_padding_mask is query_mask
+        step = step and query_mask is None and key_padding_mask is None
         bias = (
             None
             if self.position_bias is None and attention_bias is None
@@ -573,7 +577,9 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             every_row_sees_a_key=step,
         )
         heads, weights = self._attend(projected.q, projected.k, projected.v, spec)
-        output, weights = self._project_output(projected, heads, weights, spec, attention_mask)
+        output, weights = self._project_output(
+            projected, heads, weights, spec, attention_mask, own_keys
+        )
         if single_query:  # (B, 1, ...) -> (B, ...)
             output = output[:, 0]
             weights = None if weights is None else weights[..., 0, :]
@@ -686,6 +692,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         """
         cross = cache is not None and cache_update_index is None
         value_shape = (cache.key.shape[0], cache.length) if cross else value.shape
+        unzeroed_query = query
         query, query_mask, _, _ = prepare_query(
             query, value, query_mask, key_padding_mask, None, key=key, value_shape=value_shape
         )
@@ -695,11 +702,14 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             k, v = cache.key, cache.value
             key_padding_mask = masks.merge_masks(cache.valid, key_padding_mask)
         else:
-            key = value if key is None else key
             # Padded steps zeroed before the projections: nothing they hold reaches
-            # a gradient of the kernels (dW = x^T dy).
-            key = masks.zero_padded(key, key_padding_mask)
-            value = masks.zero_padded(value, key_padding_mask)
+            # a gradient of the kernels (dW = x^T dy). Self-attention zeroes once.
+            same = key is None or key is value
+            if value is unzeroed_query and key_padding_mask is query_mask:
+                value = query  # zeroed by `prepare_query`, under the same mask
+            else:
+                value = masks.zero_padded(value, key_padding_mask)
+            key = value if same else masks.zero_padded(key, key_padding_mask)
             index = 0 if cache_update_index is None else cache_update_index
             k = self._heads(self._rotate(self._key_dense(key), index))  # (B, g, Tv, dk)
             v = self._heads(self._value_dense(value))  # (B, g, Tv, dv)
@@ -740,10 +750,13 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         )  # (B, h, Tq, dv), (B, h, Tq, S) or None
         return transpose(heads, (0, 2, 1, 3)), weights  # (B, Tq, h, dv)
 
-    def _project_output(self, projected, heads, weights, spec, attention_mask):
+    def _project_output(self, projected, heads, weights, spec, attention_mask, own_keys=False):
         """The output projection of `heads (B, Tq, h, dv)`, with the rows that see no key zeroed.
 
-        `attention_mask` is the explicit `(B|1, h|1, Tq|1, S)` mask or `None`.
+        `attention_mask` is the explicit `(B|1, h|1, Tq|1, S)` mask or `None`;
+        `own_keys`: a self-attention step whose new keys are real exactly where
+        the queries are, so the rows that see a key are the real queries (each
+        sees its own key), with no pass over the keys' mask.
         Returns `(output (B, Tq, *output_shape), weights)`.
         """
         if self.use_gate:
@@ -751,6 +764,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         output = self._output_dense(heads)  # (B, Tq, *output_shape)
         if spec.every_row_sees_a_key:
             rows = None
+        elif own_keys:
+            rows = ops.expand_dims(projected.query_mask, -1)  # (B, Tq, 1)
         else:
             rows = spec.visible_query_rows(
                 dim(projected.q, 2), dim(projected.k, 2), projected.query_mask,

@@ -314,16 +314,22 @@ def _small(model) -> bool:
 
 def _compile(variables, loop, xla=True):
     """`loop(*args)` compiled: `tf.function(jit_compile=xla)` or `jax.jit`
-    (`variables`, the model's, passed as arguments)."""
+    (`variables`, the model's, passed as arguments), traced inside `no_gradients()`:
+    nothing differentiates a decoding loop, so its kernels build no custom gradients."""
+
+    def inference(*args):
+        with no_gradients():
+            return loop(*args)
+
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(loop, jit_compile=xla, reduce_retracing=True)
+        return tf.function(inference, jit_compile=xla, reduce_retracing=True)
     import jax
 
     def stateless(values, *args):
         with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
-            return loop(*args)
+            return inference(*args)
 
     jitted = jax.jit(stateless)
     return lambda *args: jitted([v.value for v in variables], *args)

@@ -39,6 +39,42 @@ def test_stepwise_decoding_after_a_left_padded_prefill_equals_the_full_pass():
     np.testing.assert_array_equal(np_(cache.valid), mask)
 
 
+@pytest.mark.parametrize("window", [None, 2])
+@pytest.mark.parametrize("traced", [False, True])
+def test_padded_self_attention_steps_equal_the_full_pass(traced, window):
+    """A cached self-attention call whose padding is the queries' (`query_mask` and
+    `value_mask` one tensor: the rows that see a key are the real queries, with no pass
+    over the cache's mask) equals the uncached pass and the general path (the same mask
+    as two tensors), with NaN, inf and huge values at the padded positions; a padded
+    query with nothing before it, padding inside a prefill and a padded step give zeros."""
+    layer = keras_attn.MultiHeadAttention(num_heads=2, key_dim=4, sliding_window=window)
+    x = rng.normal(size=(3, 7, 8)).astype("float32")
+    mask = np.array([[1] * 7, [0, 0, 1, 1, 0, 1, 1], [1, 0, 1, 1, 1, 0, 1]], bool)
+    x[~mask] = np.array([np.nan, np.inf, 1e30, -np.inf, np.nan])[:, None]  # 5 padded steps
+    full = np_(layer(t(x), t(x), query_mask=t(mask), value_mask=t(mask), use_causal_mask=True))
+
+    def call(x, mask, cache, index, same):
+        value_mask = mask if same else keras.ops.logical_and(mask, True)  # another tensor
+        return layer(x, x, query_mask=mask, value_mask=value_mask, use_causal_mask=True,
+                     cache=cache, cache_update_index=index)  # fmt: skip
+
+    if traced:
+        import tensorflow as tf
+
+        call = tf.function(call, reduce_retracing=True)
+    for same in (True, False):
+        out, cache = call(t(x[:, :4]), t(mask[:, :4]), layer.empty_cache(3, 7), 0, same)
+        outputs = [np_(out)]
+        for i in range(4, 7):  # steps at a tensor index, as a decoding loop gives them
+            out, cache = call(t(x[:, i : i + 1]), t(mask[:, i : i + 1]), cache, t(i, "int32"),
+                              same)  # fmt: skip
+            outputs.append(np_(out))
+        stepped = np.concatenate(outputs, 1)
+        np.testing.assert_allclose(stepped, full, atol=1e-5, err_msg=f"same mask: {same}")
+        assert np.all(stepped[~mask] == 0)
+        np.testing.assert_array_equal(np_(cache.valid), mask)
+
+
 def test_decoder_block_stepwise_after_a_left_padded_prefill_equals_the_full_pass():
     block = keras_attn.TransformerDecoderBlock(16, 2)
     x = rng.normal(size=(2, 6, 8)).astype("float32")

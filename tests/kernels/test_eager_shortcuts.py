@@ -110,6 +110,38 @@ def test_an_eager_inference_call_skips_the_custom_gradient_and_a_taped_one_does_
         np.testing.assert_allclose(np_(taped), np_(eager), atol=1e-6)
 
 
+@pytest.mark.parametrize("implementation", ["dense", "fused"])
+def test_a_call_inside_no_gradients_builds_no_custom_gradient_traced_too(
+    monkeypatch, implementation
+):
+    """The decoders' loops run inside `no_gradients()`: traced there (a `tf.function`, a
+    `jax.jit`), the kernels skip their custom gradients, with the same values; outside
+    it a trace keeps them (it may be differentiated later), and the flag is reset."""
+    calls = []
+    original = keras.ops.custom_gradient
+
+    def counting(fun):
+        calls.append(fun)
+        return original(fun)
+
+    monkeypatch.setattr(_gradient.ops, "custom_gradient", counting)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    layer = keras_attn.MultiHeadAttention(2, 4, implementation=implementation)
+    layer(x, x)
+    calls.clear()
+    call = lambda x: layer(x, x, use_causal_mask=True)  # noqa: E731
+    with _execution.no_gradients():
+        assert not _execution.records_gradients(keras.ops.convert_to_tensor(x))
+        inside = _compiled(call)(x)
+    assert calls == []
+    if keras.backend.backend() != "torch":  # traced: gradients may be taken later
+        outside = _compiled(lambda x: call(x))(x)  # a new function: jax.jit traces again
+        assert calls
+        np.testing.assert_allclose(np_(inside), np_(outside), atol=1e-6)
+    else:  # eager torch: a weight records again
+        assert _execution.records_gradients(layer.trainable_weights[0].value)
+
+
 @pytest.mark.parametrize("implementation", ["dense", "fused", "chunked"])
 def test_eager_equals_compiled_with_and_without_nonfinite_padding(implementation):
     """Finite inputs skip the guard eagerly; a NaN at a padded key takes it; traced, it stays."""
