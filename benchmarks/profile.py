@@ -1,6 +1,7 @@
 """Where the time goes: the profiles behind the roofline's unmet targets (issue 47).
 
     python -m benchmarks.profile attention [--dtype float32|bfloat16]
+    python -m benchmarks.profile step
     python -m benchmarks.profile decode
 
 TensorFlow, one process, repeats interleaved (`benchmarks.timing.time_group`); each
@@ -11,6 +12,14 @@ v of `(2, 8, 2048, 32)`, its pieces against what memory allows: writing the
 `(2, 8, 2048, 2048)` scores once (a fill), `Q K^T` alone (its output written), under
 XLA, `Q K^T` then softmax then `P V` (forward), and `keras_attn.kernels.fused_attention`
 forward and forward + backward, in `tf.function` and under XLA.
+
+`step`: the MultiHeadAttention training step of the roofline's 2 x 2048 x 256 row (8
+heads; forward, backward, SGD; `cases.train_step`) under `float32` and `mixed_bfloat16`,
+against its two parts timed alone with their gradients: the four projections (the
+layer's own `EinsumDense`s on the same input) and the attention core
+(`kernels.fused_attention` on `(2, 8, 2048, 32)` heads of the compute dtype). What the
+parts leave of the whole step is the rest: the heads' transposes, casts, masks and the
+SGD update.
 
 `decode`: one cached decoding step of a GPT-2-small-sized `transformer_lm` (12 layers,
 12 heads, hidden 768, vocabulary 50,257; a 32-token prompt prefilled) at batch 1, as a
@@ -94,6 +103,51 @@ def attention(dtype="float32", shape=(2, 8, 2048, 32), repeats=5):
     return result
 
 
+def step(shape=(2, 2048, 256), repeats=5):
+    """The MHA training step against its projections and its attention core; prints a table."""
+    from benchmarks import cases
+    from keras_attn import kernels
+
+    batch, length, dim = shape
+    heads = cases.NUM_HEADS
+    x = cases.input_batch(batch, length, dim)
+    spec = kernels.AttentionSpec(return_weights=False)
+    fns = {}
+    for policy in cases.POLICIES:
+        layer = cases.make_mha("ours", dim, policy)
+        fns[f"{policy}: whole step"] = cases.train_step(layer, x)
+        dense = [layer._query_dense, layer._key_dense, layer._value_dense]
+
+        def projections(x, layer=layer, dense=dense):  # (B, L, h, dh) each, then back to d
+            q, k, v = (d(x) for d in dense)
+            y = layer._output_dense(q + k + v)
+            return tf.reduce_mean(tf.square(tf.cast(y, "float32")))
+
+        fns[f"{policy}: 4 projections"] = cases.sgd_step(projections, layer.trainable_variables)
+        compute = layer.compute_dtype
+        qkv = [
+            tf.Variable(tf.cast(tf.random.normal((batch, heads, length, dim // heads), seed=i),
+                                compute))
+            for i in range(3)
+        ]  # fmt: skip
+
+        def core(x, qkv=qkv):
+            out = kernels.fused_attention(*qkv, spec)[0]
+            return tf.reduce_mean(tf.square(tf.cast(out, "float32"))) + 0 * tf.reduce_sum(x[0, 0])
+
+        fns[f"{policy}: attention core"] = cases.sgd_step(core, qkv)
+    result = timing.time_group(fns, (x,), repeats=repeats, min_time=0.3)
+    print(f"MHA training step {batch}x{length}x{dim}, {heads} heads: the whole and its parts")
+    print("| piece | ms |\n|---|---|")
+    extra = {}
+    for policy in cases.POLICIES:
+        parts = [result[f"{policy}: {p}"]["median_s"] for p in ("4 projections", "attention core")]
+        rest = result[f"{policy}: whole step"]["median_s"] - sum(parts)
+        extra[f"{policy}: whole step"] = f"(the rest: {1e3 * rest:.1f} ms)"
+    _print(result, fns, extra)
+    return result
+
+
 def decode(repeats=5):
     """One decoding step of a GPT-2-small-sized model, graph and XLA; prints a table."""
     import keras_hub
@@ -156,12 +210,14 @@ def decode(repeats=5):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("attention", "decode"))
+    parser.add_argument("what", choices=("attention", "step", "decode"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         sys.exit("benchmarks.profile times tf.function steps: KERAS_BACKEND=tensorflow")
-    return attention(args.dtype) if args.what == "attention" else decode()
+    if args.what == "attention":
+        return attention(args.dtype)
+    return step() if args.what == "step" else decode()
 
 
 if __name__ == "__main__":

@@ -103,6 +103,41 @@ def test_fused_low_precision_gradients_as_close_to_float32_as_the_reference(dtyp
         assert error_fused <= 2 * error_ref + 1e-3 * np.abs(e).max(), (error_fused, error_ref)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's softmax op")
+@pytest.mark.parametrize("jit", [False, True])
+def test_fused_bfloat16_softmax_in_place_equals_the_float32_one_rounded(monkeypatch, jit):
+    """TensorFlow with oneDNN (the default on x86) takes the softmax of bfloat16 scores in
+    bfloat16: oneDNN computes it in float32 and rounds once, so the output and gradients
+    are those of the float32 softmax, bit for bit (a fully masked row, NaN at masked
+    values). Under XLA the kernel keeps its own float32 softmax."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    from keras_attn.kernels import fused as fused_module
+
+    if not _pywrap_util_port.IsMklEnabled():
+        pytest.skip("oneDNN is off (TF_ENABLE_ONEDNN_OPTS=0): the kernel casts to float32")
+    q, k, v = (np_(x) for x in qkv(tq=16, tv=40))
+    mask = rng.random((2, 1, 16, 40)) > 0.3
+    mask[..., 32:] = False
+    mask[0, :, 3] = False  # a row that sees nothing
+    v[..., 32:, :] = np.nan  # masked: changes nothing
+    q, k, v = (keras.ops.convert_to_tensor(x, "bfloat16") for x in (q, k, v))
+    cotangent = rng.normal(size=(2, 3, 16, 5)).astype("float32")
+    taken = []
+    original = fused_module._native_bfloat16_softmax
+    monkeypatch.setattr(
+        fused_module, "_native_bfloat16_softmax", lambda s: taken.append(original(s)) or taken[-1]
+    )
+    native = value_and_grads(fused(mask, True), q, k, v, cotangent, jit)
+    assert taken and all(t is not jit for t in taken)
+    monkeypatch.setattr(fused_module, "_native_bfloat16_softmax", lambda s: False)
+    rounded = value_and_grads(fused(mask, True), q, k, v, cotangent, jit)
+    for a, b in zip([native[0], *native[1]], [rounded[0], *rounded[1]], strict=True):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_array_equal(a, b)
+    assert np.all(native[0][0, :, 3] == 0)
+
+
 def test_ops_attention_return_weights_false():
     q, k, v = qkv()
     out, weights = ops.attention(q, k, v, is_causal=True, return_weights=False)
