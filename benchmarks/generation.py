@@ -127,7 +127,7 @@ def build(prompt_length, window, smoke=False, size=None, dropout=0.1):
     return ours, keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
 
-def decode_bytes(size, batch, cache_length, itemsize=4):
+def decode_bytes(size, batch, cache_length, itemsize=4, weight_itemsize=None):
     """Bytes one decoding step of a GPT-2-shaped model must read from memory.
 
     Every weight once, and the KV cache:
@@ -152,6 +152,9 @@ def decode_bytes(size, batch, cache_length, itemsize=4):
         cache_length: positions a step attends to (mean over the steps timed:
             `mean_cache_length`).
         itemsize: bytes per weight and cache value (4: float32).
+        weight_itemsize: bytes per weight where they differ from the cache's (1: an
+            int8-quantized model; its float32 per-channel scales, under 1 % of the
+            bytes, are left out, as are the biases' and norms' widths).
 
     Returns:
         Bytes, a float (`cache_length` may be a mean).
@@ -160,7 +163,7 @@ def decode_bytes(size, batch, cache_length, itemsize=4):
     block = 4 * d * d + 4 * d + 2 * d * inner + inner + d + 4 * d
     weights = size["num_layers"] * block + size["vocabulary_size"] * d + 2 * d + batch * d
     cache = 2 * size["num_layers"] * batch * cache_length * d
-    return float(weights + cache) * itemsize
+    return float(weights) * (weight_itemsize or itemsize) + float(cache) * itemsize
 
 
 def mean_cache_length(prompt_length, first, last):

@@ -24,9 +24,11 @@ SGD update.
 `decode`: one cached decoding step of a GPT-2-small-sized `transformer_lm` (12 layers,
 12 heads, hidden 768, vocabulary 50,257; a 32-token prompt prefilled) at batch 1, as a
 `tf.function` graph and under XLA: the whole step, the 12 blocks alone, the output
-projection alone; and a chain of matrix-vector products with the blocks' weight
-shapes (12 x 768x2304, 768x768, 768x3072, 3072x768: the weights a step reads), the
-bandwidth-bound floor of the blocks, in GB/s.
+projection alone, the blocks' feed-forward sublayers alone and their attention's
+query and output projections alone (the model's own layers: XLA's matrix-vector
+products against oneDNN's on the same weights); and a chain of matrix-vector
+products with the blocks' weight shapes (12 x 768x2304, 768x768, 768x3072, 3072x768:
+the weights a step reads), the bandwidth-bound floor of the blocks, in GB/s.
 """
 
 import argparse
@@ -178,8 +180,27 @@ def decode(repeats=5):
         x = tf.ones((1, 768)) * tf.cast(state.positions, "float32")[:, None]  # (1, d)
         return tf.reduce_sum(steps._logits(x)[:, :4])
 
+    def _input(state):  # (1, 1, d), a value the trace cannot fold
+        return tf.ones((1, 1, 768)) * tf.cast(state.positions, "float32")[:, None, None] * 1e-3
+
+    def feedforward(token, state):  # the blocks' feed-forward sublayers alone
+        x = _input(state)
+        for block in steps.blocks:
+            x = block._feedforward_residual(x, False)
+        return tf.reduce_sum(x)
+
+    def projections(token, state):  # the attention's query and output projections alone
+        x = _input(state)
+        for block in steps.blocks:
+            layer = block._self_attention_layer
+            x = x + layer._output_dense(layer._query_dense(x))
+        return tf.reduce_sum(x)
+
+    pieces = (("step", whole), ("12 blocks", blocks), ("output projection", logits),
+              ("12 feed-forward sublayers", feedforward),
+              ("12 query + output projections", projections))  # fmt: skip
     fns = {}
-    for name, fn in (("step", whole), ("12 blocks", blocks), ("output projection", logits)):
+    for name, fn in pieces:
         fns[f"{name}, graph"] = tf.function(fn)
         fns[f"{name}, XLA"] = tf.function(fn, jit_compile=True)
     result = timing.time_group(fns, (token, state), repeats=repeats, min_time=0.3)

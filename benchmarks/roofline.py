@@ -31,8 +31,9 @@ Then, sections (`--sections`, default all):
   same weights, no dropout in either); FLOPs `cases.lm_flops` (the logits'
   `2 B L d V` included);
 - `decode`: a decoding step at batch 1 of a GPT-2-small-sized model
-  (`benchmarks.generation.GPT2_SMALL`, the same random weights in both), in float32
-  and with both built under Keras' `bfloat16` policy (half the bytes),
+  (`benchmarks.generation.GPT2_SMALL`, the same random weights in both), in float32,
+  with both built under Keras' `bfloat16` policy (half the bytes), and both
+  `quantize("int8")`d (int8 kernels and token tables: a quarter of the weights' bytes),
   greedy, a 32-token prompt: ours (`keras_attn.models.generate`) against
   keras-hub's `GPT2CausalLM.generate`. The step's time is the difference of two
   generation lengths timed in interleaved repeats, `(t40 - t8) / 32` per repeat,
@@ -57,6 +58,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -86,7 +88,7 @@ FULL = dict(
     decode_lengths=(8, 40),  # new tokens: the step is the difference
     whole=64,  # new tokens of the whole-call row
     decode_repeats=5,
-    decode_policies=("float32", "bfloat16"),
+    decode_policies=("float32", "bfloat16", "int8"),
 )
 SETTINGS = {
     "full": FULL,
@@ -107,7 +109,7 @@ SETTINGS = {
         decode_lengths=(2, 34),
         whole=34,
         decode_repeats=3,
-        decode_policies=("float32", "bfloat16"),
+        decode_policies=("float32", "bfloat16", "int8"),
     ),
 }
 
@@ -198,7 +200,9 @@ def decode_row(settings, policy="float32"):
     """The decoding step at batch 1, ours vs keras-hub's `GPT2CausalLM.generate`: time, bytes.
 
     `policy="bfloat16"`: both models built under Keras' `bfloat16` policy (weights and
-    KV caches in bfloat16: half the bytes a step); the tokens may then differ (rounding).
+    KV caches in bfloat16: half the bytes a step); `"int8"`: both built in float32, then
+    `quantize("int8")` (int8 kernels and token tables with float32 scales, float32 KV
+    caches). The tokens may then differ (rounding).
     """
     size, prompt = settings["decode_size"], settings["prompt"]
     short, long = settings["decode_lengths"]
@@ -209,12 +213,18 @@ def decode_row(settings, policy="float32"):
     }  # fmt: skip
     if cases.keras_hub_or_none() is None:
         return _skipped_without_keras_hub(row)
+    quantized = policy == "int8"
     previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy)
+    keras.config.set_dtype_policy("float32" if quantized else policy)
     try:
         ours, hub = generation.build(prompt, None, size=size)
     finally:
         keras.config.set_dtype_policy(previous)
+    if quantized:
+        with warnings.catch_warnings():  # layers without int8 weights (norms) say so
+            warnings.simplefilter("ignore", UserWarning)
+            for model in (ours, hub):
+                model.quantize("int8")
     fns = {}
     for new in sorted({short, long, whole}):
         fns[f"ours {new}"], fns[f"keras-hub {new}"] = generation.generators(
@@ -224,7 +234,9 @@ def decode_row(settings, policy="float32"):
     result = timing.time_group(fns, (), settings["decode_repeats"], min_time=0.0, max_calls=1)
     cache_length = generation.mean_cache_length(prompt, short + 1, long)
     itemsize = 2 if policy == "bfloat16" else 4
-    step_bytes = generation.decode_bytes(size, 1, cache_length, itemsize=itemsize)
+    step_bytes = generation.decode_bytes(
+        size, 1, cache_length, itemsize=itemsize, weight_itemsize=1 if quantized else None
+    )
     row.update(
         status="ok", same_tokens=same, cache_length=cache_length, bytes_per_step=step_bytes,
         timing=result, loadavg=timing.loadavg(),
@@ -402,7 +414,7 @@ def parse_args(argv):
         prog="python -m benchmarks.roofline", description=__doc__.split("\n\n")[0]
     )
     speed = parser.add_mutually_exclusive_group()
-    speed.add_argument("--quick", action="store_true", help="fewer repeats; about 5-7 minutes")
+    speed.add_argument("--quick", action="store_true", help="fewer repeats; about 10 minutes")
     speed.add_argument("--smoke", action="store_true", help="tiny shapes and models")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     parser.add_argument("--repeats", type=int, help="interleaved repeats per training row")

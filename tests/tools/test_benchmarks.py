@@ -16,7 +16,7 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 from jax_subprocess import run_on_cpu_devices  # noqa: E402
 
-from benchmarks import cases, eager, run, timing  # noqa: E402
+from benchmarks import cases, eager, generation, run, timing  # noqa: E402
 
 TIMES = {"times_s", "cpu_s", "median_s", "min_s", "max_s", "first_call_s", "tokens_per_s", "gflops"}
 RATIO = {"median", "min", "max", "samples"}
@@ -229,12 +229,16 @@ def test_roofline_smoke_writes_every_section_with_its_limit_and_share(tmp_path, 
     lm = rows[-1]
     assert lm["flops"] == cases.lm_flops(2, 16, 1, 32, 64, 5000, train=True)
 
-    decode, half = report["decode"]
-    assert (decode["policy"], half["policy"]) == ("float32", "bfloat16")
+    decode, half, int8 = report["decode"]
+    assert [r["policy"] for r in (decode, half, int8)] == ["float32", "bfloat16", "int8"]
     assert decode["status"] == "ok" and decode["same_tokens"] is True
     assert decode["bytes_per_step"] > 0 and decode["limit_gbps"]["copy"] == best["copy"]
     assert half["status"] == "ok" and half["bytes_per_step"] == decode["bytes_per_step"] / 2
-    for row in (decode, half):
+    size, length = generation.TINY, decode["cache_length"]
+    cache = generation.decode_bytes(size, 1, length) - generation.decode_bytes(size, 1, 0)
+    assert int8["status"] == "ok"
+    assert int8["bytes_per_step"] == pytest.approx((decode["bytes_per_step"] - cache) / 4 + cache)
+    for row in (decode, half, int8):
         for side in ("ours", "keras-hub"):
             assert _positive_finite(row[side]["whole_tokens_per_s"])
             assert len(row[side]["step_s"]["samples"]) == 3
