@@ -88,7 +88,7 @@ def _forward(q, k, v, mask, flag, bias):
     scores = ops.matmul(q, swap_last(k))
     if bias is not None:
         scores = ops.cast(scores, "float32") + bias
-    if bias is None and _native_bfloat16_softmax(scores):
+    if bias is None and ops.dtype(v) == "bfloat16" and _native_bfloat16_softmax(scores):
         # The same weights as the float32 softmax rounded (computed in float32 inside the
         # op), without the float32 copies: the backward pass reads only `probs_low`.
         filled = ops.where(mask, scores, FILL_BFLOAT16) if mask is not None else scores

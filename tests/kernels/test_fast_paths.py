@@ -136,6 +136,9 @@ def test_fused_bfloat16_softmax_in_place_equals_the_float32_one_rounded(monkeypa
         assert np.all(np.isfinite(a))
         np.testing.assert_array_equal(a, b)
     assert np.all(native[0][0, :, 3] == 0)
+    # float32 values under bfloat16 scores: the float32 softmax, whose weights they take
+    v32 = keras.ops.cast(v, "float32")
+    assert layer_checks.dtype_of(run(fused_attention, q, k, v32, mask, True)[0]) == "float32"
 
 
 def test_ops_attention_return_weights_false():
