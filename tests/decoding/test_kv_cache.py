@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import keras_attn
+import layer_checks
 
 rng = np.random.default_rng(7)
 
@@ -53,21 +54,19 @@ def test_padded_self_attention_steps_equal_the_full_pass(traced, window):
     x[~mask] = np.array([np.nan, np.inf, 1e30, -np.inf, np.nan])[:, None]  # 5 padded steps
     full = np_(layer(t(x), t(x), query_mask=t(mask), value_mask=t(mask), use_causal_mask=True))
 
-    def call(x, mask, cache, index, same):
-        value_mask = mask if same else keras.ops.logical_and(mask, True)  # another tensor
-        return layer(x, x, query_mask=mask, value_mask=value_mask, use_causal_mask=True,
-                     cache=cache, cache_update_index=index)  # fmt: skip
-
-    if traced:
-        import tensorflow as tf
-
-        call = tf.function(call, reduce_retracing=True)
     for same in (True, False):
-        out, cache = call(t(x[:, :4]), t(mask[:, :4]), layer.empty_cache(3, 7), 0, same)
+
+        def call(x, mask, cache, index, same=same):
+            value_mask = mask if same else keras.ops.logical_and(mask, True)  # another tensor
+            return layer(x, x, query_mask=mask, value_mask=value_mask, use_causal_mask=True,
+                         cache=cache, cache_update_index=index)  # fmt: skip
+
+        if traced:  # XLA on TensorFlow, jax.jit on JAX; torch runs it eagerly
+            call = layer_checks.compiled(call)
+        out, cache = call(t(x[:, :4]), t(mask[:, :4]), layer.empty_cache(3, 7), t(0, "int32"))
         outputs = [np_(out)]
         for i in range(4, 7):  # steps at a tensor index, as a decoding loop gives them
-            out, cache = call(t(x[:, i : i + 1]), t(mask[:, i : i + 1]), cache, t(i, "int32"),
-                              same)  # fmt: skip
+            out, cache = call(t(x[:, i : i + 1]), t(mask[:, i : i + 1]), cache, t(i, "int32"))
             outputs.append(np_(out))
         stepped = np.concatenate(outputs, 1)
         np.testing.assert_allclose(stepped, full, atol=1e-5, err_msg=f"same mask: {same}")
