@@ -19,14 +19,14 @@ pytestmark = pytest.mark.skipif(
 
 def _recorded_tensors():
     """The live torch tensors that carry a recorded op (`grad_fn`)."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     gc.collect()
     return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.grad_fn is not None]
 
 
 def test_decoders_keep_no_recorded_steps_and_leave_gradients_on():
-    import torch
+    torch = pytest.importorskip("torch")
 
     from keras_attn.models import generate, greedy_decode, transformer_lm
 

@@ -78,9 +78,9 @@ def test_lengths_known_only_at_run_time_are_never_called_visible():
     assert not masks.position_rows_visible(4, 4, True, query_start=length)
 
 
-def test_an_eager_inference_call_skips_the_custom_gradient_and_a_taped_one_does_not(
-    monkeypatch,
-):
+@pytest.fixture
+def custom_gradient_calls(monkeypatch):
+    """The functions the kernels wrap in `keras.ops.custom_gradient`, as they are wrapped."""
     calls = []
     original = keras.ops.custom_gradient
 
@@ -89,6 +89,13 @@ def test_an_eager_inference_call_skips_the_custom_gradient_and_a_taped_one_does_
         return original(fun)
 
     monkeypatch.setattr(_gradient.ops, "custom_gradient", counting)
+    return calls
+
+
+def test_an_eager_inference_call_skips_the_custom_gradient_and_a_taped_one_does_not(
+    custom_gradient_calls,
+):
+    calls = custom_gradient_calls
     x = keras.ops.convert_to_tensor(rng.normal(size=(2, 5, 8)).astype("float32"))
     layer = keras_attn.MultiHeadAttention(2, 4, implementation="fused")
     layer(x, x)
@@ -112,19 +119,12 @@ def test_an_eager_inference_call_skips_the_custom_gradient_and_a_taped_one_does_
 
 @pytest.mark.parametrize("implementation", ["dense", "fused"])
 def test_a_call_inside_no_gradients_builds_no_custom_gradient_traced_too(
-    monkeypatch, implementation
+    custom_gradient_calls, implementation
 ):
     """The decoders' loops run inside `no_gradients()`: traced there (a `tf.function`, a
     `jax.jit`), the kernels skip their custom gradients, with the same values; outside
     it a trace keeps them (it may be differentiated later), and the flag is reset."""
-    calls = []
-    original = keras.ops.custom_gradient
-
-    def counting(fun):
-        calls.append(fun)
-        return original(fun)
-
-    monkeypatch.setattr(_gradient.ops, "custom_gradient", counting)
+    calls = custom_gradient_calls
     x = rng.normal(size=(2, 5, 8)).astype("float32")
     layer = keras_attn.MultiHeadAttention(2, 4, implementation=implementation)
     layer(x, x)
