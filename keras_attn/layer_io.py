@@ -18,6 +18,7 @@ from keras import ops as kops
 from keras.src.backend.common.masking import set_keras_mask
 
 from keras_attn import masks
+from keras_attn._execution import adapts_arguments_only
 from keras_attn.arguments import check_dim, check_floating, check_rank
 from keras_attn.masks import check_mask_dtype
 from keras_attn.ops import AttentionBias
@@ -77,6 +78,7 @@ class AttentionLayer(QueryMaskOutput):
     tensors to track them.)
     """
 
+    @adapts_arguments_only  # `call_layer` may call `call`: it takes a bias as it is
     def __call__(self, *args, **kwargs):
         bias = kwargs.get("attention_bias")
         if bias is not None and not isinstance(bias, AttentionBias):

@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 import keras_attn
+from keras_attn._execution import call_layer
 from keras_attn._typing import ActivationLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_rate
 from keras_attn.cache import RingKVCache
@@ -311,15 +312,16 @@ class LanguageModelSteps:
 
     def _embed(self, tokens, positions):
         """`(B, T)` tokens at `(B, T)` positions -> `(B, T, d)`."""
-        x = self.token_embedding(tokens)
+        x = call_layer(self.token_embedding, tokens)
         if self.position_embedding is not None:
-            x = x + self.position_embedding(x, positions=positions)
+            x = x + call_layer(self.position_embedding, x, positions=positions)
         return x
 
     def _blocks(self, x, mask, caches, index):
         new = []
         for block, cache in zip(self.blocks, caches, strict=True):
-            x, cache = block(
+            x, cache = call_layer(
+                block,
                 x,
                 decoder_padding_mask=mask,
                 self_attention_cache=cache,
@@ -393,7 +395,7 @@ class LanguageModelSteps:
         x = self._embed(tokens, positions)
         x, caches = self._blocks(x, ops.not_equal(tokens, 0), state.caches, cache_index)
         if self.norm is not None:
-            x = self.norm(x)
+            x = call_layer(self.norm, x)
         logits = self._logits(x[:, 0])  # (B, V)
         cache_index = None if state.cache_index is None else state.cache_index + 1
         return logits, LanguageModelState(caches, state.positions + 1, cache_index)
