@@ -3,6 +3,8 @@
     python -m benchmarks.profile attention [--dtype float32|bfloat16]
     python -m benchmarks.profile step
     python -m benchmarks.profile decode
+    python -m benchmarks.profile decode-ops
+    python -m benchmarks.profile matvec
 
 TensorFlow, one process, repeats interleaved (`benchmarks.timing.time_group`); each
 row is a median in ms.
@@ -29,10 +31,26 @@ query and output projections alone (the model's own layers: XLA's matrix-vector
 products against oneDNN's on the same weights); and a chain of matrix-vector
 products with the blocks' weight shapes (12 x 768x2304, 768x768, 768x3072, 3072x768:
 the weights a step reads), the bandwidth-bound floor of the blocks, in GB/s.
+
+`decode-ops`: the same GPT-2-small-sized step, ours and keras-hub's `call_with_cache` on
+the same weights, as `tf.function` graphs (traced inside `no_gradients()`, as `generate`
+traces its loops) under TensorFlow's profiler: each op type's
+time per step (the executor's op events, both of its threads), and the step's time
+unprofiled. The op times add up to more than the step where the executor runs ops side
+by side (and each of two ops at once runs slower). Then ours under XLA, by kind of XLA
+kernel (`bitcast_dot_fusion`: a matrix-vector product XLA emits as a loop of its own,
+see `matvec`).
+
+`matvec`: why XLA does not help a batch-1 step on this CPU. 48 chained matrix-vector
+products `(1, 768) x (768, 768)` (a GPT-2-small step's attention projections), the
+kernel a 2-D variable or a 3-D `(768, 12, 64)` one reshaped to 2-D (the layout of
+`EinsumDense`'s kernels), with and without a bias, as graphs and under XLA, in GB/s of
+weights read.
 """
 
 import argparse
 import os
+import re
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -229,15 +247,170 @@ def decode(repeats=5):
     return result, floors
 
 
+def _op_times(xspace_path, xla=False, skip=()):
+    """`{op type: picoseconds}` of the op events in a profile (`.xplane.pb`).
+
+    TensorFlow's ops (events `node:OpType` of the executor's threads), or with `xla`
+    the kernels of XLA's executable (`bitcast_dot_fusion.3`, `dot.1`: numbers dropped;
+    `skip`: other lower-case event names, the Python function's).
+    """
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(xspace_path, "rb") as f:
+        space.ParseFromString(f.read())
+    times = {}
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            if not xla and not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name.strip()
+                if xla:  # an HLO instruction's name: lower case, `_`, `-`, `.N`
+                    if not re.fullmatch(r"[a-z][a-z0-9_\-]*(\.\d+)?", name) or name in skip:
+                        continue
+                    kind = re.sub(r"\.\d+$", "", name)
+                elif ":" not in name or "::" in name:  # "node:OpType" only, not the runtime's
+                    continue
+                else:
+                    kind = name.rsplit(":", 1)[1]
+                times[kind] = times.get(kind, 0) + event.duration_ps
+    return times
+
+
+def _profiled(fn, args, calls, xla=False):
+    """`{op type: ms per call}` of `calls` calls of `fn(*args)` under the profiler."""
+    import glob
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        for _ in range(calls):
+            fn(*args).numpy()
+        tf.profiler.experimental.stop()
+        (path,) = glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb"))
+        skip = {getattr(fn, "__name__", "")}
+        return {kind: ps / 1e9 / calls for kind, ps in _op_times(path, xla, skip).items()}
+
+
+def decode_ops(config=None, calls=10, repeats=5, prompt=32, rows=12):
+    """Op-type times of ours and keras-hub's GPT-2-small decoding step; prints a table."""
+    import keras_hub
+
+    from keras_attn._execution import no_gradients
+    from keras_attn.models.gpt2 import from_gpt2_backbone
+    from keras_attn.models.transformer_lm import LanguageModelSteps
+
+    config = config or dict(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
+                            intermediate_dim=3072, max_sequence_length=1024)  # fmt: skip
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(**config)
+    hub = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    steps = LanguageModelSteps(from_gpt2_backbone(backbone, dropout=0.0))
+    vocab = config["vocabulary_size"]
+    prompts = tf.constant(np.random.default_rng(1).integers(1, vocab, (1, prompt)), "int32")
+    state = steps.start(prompts, 40)
+    token = prompts[:, -1]
+    heads = config["num_heads"]
+    cache = tf.zeros((1, config["num_layers"], 2, prompt + 40, heads,
+                      config["hidden_dim"] // heads))  # fmt: skip
+
+    def ours(token, state):
+        logits, new = steps.step(token, 3, state)
+        return tf.reduce_sum(logits[:, :4]) + tf.reduce_sum(new.caches[0].key[0, 0, 0])
+
+    def theirs(token, cache):
+        logits, _, new = hub.call_with_cache(token[:, None], cache, prompt + 2)
+        return tf.reduce_sum(logits[:, :, :4]) + tf.reduce_sum(new[0, 0, 0, 0])
+
+    cases = {"ours": (tf.function(ours), (token, state)),
+             "keras-hub": (tf.function(theirs), (token, cache))}  # fmt: skip
+    with no_gradients():  # traced as `generate` traces its loops
+        for fn, args in cases.values():
+            fn(*args)
+    calls_of = {name: (lambda fn=fn, args=args: fn(*args)) for name, (fn, args) in cases.items()}
+    walls = timing.time_group(calls_of, (), repeats=repeats, min_time=0.3)  # interleaved
+    ops = {name: _profiled(fn, args, calls) for name, (fn, args) in cases.items()}
+    kinds = sorted(set(ops["ours"]) | set(ops["keras-hub"]), key=lambda k: -ops["ours"].get(k, 0))
+    print("decoding step, batch 1, float32, graphs: op time per step (ms), by op type")
+    print("| op type | ours | keras-hub |\n|---|---|---|")
+    for kind in kinds[:rows]:
+        print(f"| {kind} | {ops['ours'].get(kind, 0):.2f} | {ops['keras-hub'].get(kind, 0):.2f} |")
+    matmul = {n: sum(t for k, t in ops[n].items() if "MatMul" in k) for n in ops}
+    total = {n: sum(ops[n].values()) for n in ops}
+    print(f"| every matmul | {matmul['ours']:.2f} | {matmul['keras-hub']:.2f} |")
+    print(f"| every op | {total['ours']:.2f} | {total['keras-hub']:.2f} |")
+    print(f"| the step, unprofiled | {1e3 * walls['ours']['median_s']:.2f} "
+          f"| {1e3 * walls['keras-hub']['median_s']:.2f} |")  # fmt: skip
+    compiled = tf.function(ours, jit_compile=True)
+    with no_gradients():
+        compiled(token, state)
+    kernels = _profiled(compiled, (token, state), calls, xla=True)
+    print("\nours under XLA: time per step (ms) of each kind of XLA kernel")
+    print("| kernel | ms |\n|---|---|")
+    for kind in sorted(kernels, key=lambda k: -kernels[k])[:rows]:
+        print(f"| {kind} | {kernels[kind]:.2f} |")
+    print(f"| every kernel | {sum(kernels.values()):.2f} |")
+    ops["ours, XLA"] = kernels
+    return ops, walls
+
+
+def matvec(width=768, heads=12, count=48, repeats=5):
+    """Chained `(1, width) x (width, width)` products, 2-D or 3-D kernels, graph and XLA."""
+    keras.utils.set_random_seed(0)
+    flat = [tf.Variable(tf.random.normal((width, width)) * 0.02) for _ in range(count)]
+    split = [tf.Variable(tf.reshape(w, (width, heads, width // heads))) for w in flat]
+    bias = [tf.Variable(tf.random.normal((width,)) * 0.02) for _ in range(count)]
+
+    def chain(kernel, with_bias):
+        def run(x):
+            for i in range(count):
+                y = tf.matmul(x, tf.reshape(kernel[i], (width, width)))
+                x = x + 1e-3 * (y + bias[i] if with_bias else y)
+            return tf.reduce_sum(x)
+
+        return run
+
+    fns = {}
+    for kernel, layout in ((flat, "2-D kernel"), (split, "3-D kernel reshaped")):
+        for with_bias in (False, True):
+            name = f"{layout}{', + bias' if with_bias else ''}"
+            fns[f"{name}, graph"] = tf.function(chain(kernel, with_bias))
+            fns[f"{name}, XLA"] = tf.function(chain(kernel, with_bias), jit_compile=True)
+    x = tf.random.normal((1, width))
+    values = {name: float(fn(x)) for name, fn in fns.items()}  # the same products each way
+    reference = values[next(iter(fns))]
+    for name, value in values.items():
+        if abs(value - values[name.replace("3-D kernel reshaped", "2-D kernel")]) > 1e-3 * (
+            1 + abs(reference)
+        ):
+            raise AssertionError(f"{name} computes {value}, not the 2-D kernel's")
+    result = timing.time_group(fns, (x,), repeats=repeats, min_time=0.3)
+    nbytes = count * width * width * 4
+    print(f"{count} chained matrix-vector products, (1, {width}) x ({width}, {width}), float32")
+    print("| kernel | ms |\n|---|---|")
+    _print(result, fns, {
+        name: f"({nbytes / result[name]['median_s'] / 1e9:.1f} GB/s of {nbytes / 1e6:.0f} MB)"
+        for name in fns
+    })  # fmt: skip
+    return result
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=("attention", "step", "decode"))
+    parser.add_argument("what", choices=("attention", "step", "decode", "decode-ops", "matvec"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         sys.exit("benchmarks.profile times tf.function steps: KERAS_BACKEND=tensorflow")
     if args.what == "attention":
         return attention(args.dtype)
+    if args.what == "decode-ops":
+        return decode_ops()
+    if args.what == "matvec":
+        return matvec()
     return step() if args.what == "step" else decode()
 
 

@@ -314,3 +314,25 @@ def test_attention_profile_runs_every_piece(capsys):
     printed = capsys.readouterr().out
     assert "the scores are 0 MB" in printed
     assert "| fused kernel, forward + backward (XLA) |" in printed
+
+
+def test_matvec_profile_times_every_kernel_layout_both_ways(capsys):
+    from benchmarks import profile
+
+    result = profile.matvec(width=16, heads=4, count=3, repeats=1)
+    assert len(result) >= 8 and all(result[name]["median_s"] > 0 for name in result if "," in name)
+    printed = capsys.readouterr().out
+    assert "| 3-D kernel reshaped, + bias, XLA |" in printed and "GB/s of" in printed
+
+
+def test_decode_ops_profile_splits_both_steps_by_op_type(capsys):
+    pytest.importorskip("keras_hub")
+    from benchmarks import profile
+
+    config = dict(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=8,
+                  intermediate_dim=16, max_sequence_length=64)  # fmt: skip
+    ops, walls = profile.decode_ops(config, calls=1, repeats=1, prompt=4)
+    for side in ("ours", "keras-hub"):
+        assert any("MatMul" in kind for kind in ops[side]) and walls[side]["median_s"] > 0
+    assert any("dot" in kind for kind in ops["ours, XLA"])
+    assert "| every matmul |" in capsys.readouterr().out
