@@ -316,13 +316,15 @@ def test_attention_profile_runs_every_piece(capsys):
     assert "| fused kernel, forward + backward (XLA) |" in printed
 
 
-def test_matvec_profile_times_every_kernel_layout_both_ways(capsys):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matvec_profile_times_every_kernel_layout_both_ways(capsys, dtype):
     from benchmarks import profile
 
-    result = profile.matvec(width=16, heads=4, count=3, repeats=1)
+    result = profile.matvec(width=16, heads=4, count=3, repeats=1, dtype=dtype)
     assert len(result) >= 8 and all(result[name]["median_s"] > 0 for name in result if "," in name)
     printed = capsys.readouterr().out
     assert "| 3-D kernel reshaped, + bias, XLA |" in printed and "GB/s of" in printed
+    assert f"(16, 16), {dtype}" in printed
 
 
 def test_decode_ops_profile_splits_both_steps_by_op_type(capsys):
