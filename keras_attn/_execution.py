@@ -150,8 +150,8 @@ def call_layer(layer, *args, **kwargs):
     conversion, a call signature bound, the training flag and masks looked up,
     name and autocast scopes, the module's hooks; 120-220 us a call against
     the 50-60 us of a small `Dense` or `LayerNormalization`'s `call` (measured,
-    2 cores). A GPT-2-small-sized decoding step calls 147 layers: a quarter of
-    its time. Inside `no_gradients()` (the decoders' loops), on torch, this
+    2 cores). A GPT-2-small-sized decoding step calls 147 layers: a quarter to a
+    third of its time. Inside `no_gradients()` (the decoders' loops), on torch, this
     calls `layer.call` (`quantized_call` for a quantized layer, as Keras does)
     when Keras' `__call__` would do nothing more than that and the output mask
     (`_set_mask_metadata`, Keras' own, is called as `__call__` calls it): the
@@ -160,7 +160,8 @@ def call_layer(layer, *args, **kwargs):
     float tensor is already in the layer's input dtype; no NumPy array); no
     Keras mask needs passing to `call` (only the first argument carries one,
     and `call` has no `mask` or `<first argument>_mask` left to fill), nor is
-    dropped with a warning (the layer supports masking); no `training=True`;
+    dropped with a warning (the layer supports masking, if a mask is given);
+    no `training=True`;
     no rematerialization, activity regularizer, distribution or torch hook;
     and the layer's `__call__` is Keras' own or only adapts arguments
     (`adapts_arguments_only`). Anything else, and on TensorFlow and JAX
@@ -212,6 +213,8 @@ def _calls_plainly(layer, args, kwargs) -> bool:
                 return False  # Keras may pass it to `call` as `mask` or `<name>_mask`
             if torch.is_tensor(x) and x.is_floating_point() and x.dtype != float_dtype:
                 return False
+    if kwargs.get("mask") is not None and not layer.supports_masking:
+        return False  # Keras warns that the mask is dropped
     if getattr(args[0], "_keras_mask", None) is not None:
         if not layer.supports_masking:
             return False  # Keras drops the mask with a warning
