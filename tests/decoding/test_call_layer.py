@@ -151,7 +151,8 @@ def test_the_output_mask_is_keras_own_and_a_quantized_layer_runs_its_quantized_c
     assert np.abs(expected - _np(dense(x))).max() > 0  # the int8 kernel, not the float one
 
 
-def test_a_decoding_step_is_the_same_through_keras_call(monkeypatch, keras_calls):
+def _lm_step():
+    """A language model's cached step after a prefill: `run()` -> its logits and last cache."""
     from keras_attn.models import transformer_lm
     from keras_attn.models.transformer_lm import LanguageModelSteps
 
@@ -159,13 +160,36 @@ def test_a_decoding_step_is_the_same_through_keras_call(monkeypatch, keras_calls
     model = transformer_lm(30, num_layers=2, d_model=16, intermediate_dim=32, dropout=0.0)
     steps = LanguageModelSteps(model)
     prompts = np.array([[0, 5, 6, 7], [8, 9, 3, 4]], "int32")  # left padding in the first row
+    state = steps.start(prompts, 4)
+    return lambda: steps.step(keras.ops.convert_to_tensor([7, 4]), 0, state)
+
+
+def _seq2seq_step():
+    """A seq2seq model's second cached step, with the alignment (cross-attention weights)."""
+    from keras_attn.models import transformer_seq2seq
+    from keras_attn.models.transformer_seq2seq import TransformerDecodingSteps
+
+    keras.utils.set_random_seed(0)
+    model = transformer_seq2seq(20, 30, num_layers=2, num_heads=2, d_model=16,
+                                intermediate_dim=32, dropout=0.0)  # fmt: skip
+    steps = TransformerDecodingSteps(model)
+    source = np.array([[5, 6, 7, 0], [8, 9, 3, 4]], "int32")  # right padding in the first row
+    state = steps.start(source, 3)
+    _, state = steps.step(keras.ops.convert_to_tensor([1, 1]), 0, state)
+    return lambda: steps.step(keras.ops.convert_to_tensor([7, 4]), 1, state, return_alignment=True)
+
+
+@pytest.mark.parametrize("make_step", [_lm_step, _seq2seq_step], ids=["lm", "seq2seq"])
+def test_a_decoding_step_is_the_same_through_keras_call(monkeypatch, keras_calls, make_step):
+    with no_gradients():
+        step = make_step()
 
     def run():
         with no_gradients():
-            state = steps.start(prompts, 4)
             keras_calls.clear()
-            logits, state = steps.step(keras.ops.convert_to_tensor([7, 4]), 0, state)
-            return [_np(t) for t in (logits, *state.caches[1])], list(keras_calls)
+            logits, state, *alignment = step()
+            caches = state.caches if hasattr(state, "caches") else state.self_attention_caches
+            return [_np(t) for t in (logits, *caches[1], *alignment)], list(keras_calls)
 
     plain, plain_calls = run()
     monkeypatch.setattr(_execution, "_calls_plainly", lambda *_: False)
