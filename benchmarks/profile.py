@@ -168,26 +168,40 @@ def step(shape=(2, 2048, 256), repeats=5):
     return result
 
 
-def decode(repeats=5):
-    """One decoding step of a GPT-2-small-sized model, graph and XLA; prints a table."""
+GPT2_SMALL = dict(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
+                  intermediate_dim=3072, max_sequence_length=1024)  # fmt: skip
+
+
+def _gpt2_steps(config=None, prompt=32):
+    """A keras-hub `GPT2Backbone` (`config`, default GPT-2 small) and our model on its weights.
+
+    Returns `(backbone, steps, state, token, whole)`: our `LanguageModelSteps`, its state
+    after a `(1, prompt)` prefill, the last prompt token, and `whole(token, state)`, one
+    cached step reduced to a scalar that waits for its logits and a cache.
+    """
     import keras_hub
 
     from keras_attn.models.gpt2 import from_gpt2_backbone
     from keras_attn.models.transformer_lm import LanguageModelSteps
 
+    config = config or GPT2_SMALL
     keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
-        intermediate_dim=3072, max_sequence_length=1024,
-    )  # fmt: skip
+    backbone = keras_hub.models.GPT2Backbone(**config)
     steps = LanguageModelSteps(from_gpt2_backbone(backbone, dropout=0.0))
-    prompts = tf.constant(np.random.default_rng(1).integers(1, 50257, (1, 32)), "int32")
+    vocab = config["vocabulary_size"]
+    prompts = tf.constant(np.random.default_rng(1).integers(1, vocab, (1, prompt)), "int32")
     state = steps.start(prompts, 40)
-    token = prompts[:, -1]
 
     def whole(token, state):
         logits, new = steps.step(token, 3, state)
         return tf.reduce_sum(logits[:, :4]) + tf.reduce_sum(new.caches[0].key[0, 0, 0])
+
+    return backbone, steps, state, prompts[:, -1], whole
+
+
+def decode(repeats=5):
+    """One decoding step of a GPT-2-small-sized model, graph and XLA; prints a table."""
+    _, steps, state, token, whole = _gpt2_steps()
 
     def blocks(token, state):
         x = steps._embed(token[:, None], state.positions[:, None])
@@ -300,26 +314,13 @@ def decode_ops(config=None, calls=10, repeats=5, prompt=32, rows=12):
     import keras_hub
 
     from keras_attn._execution import no_gradients
-    from keras_attn.models.gpt2 import from_gpt2_backbone
-    from keras_attn.models.transformer_lm import LanguageModelSteps
 
-    config = config or dict(vocabulary_size=50257, num_layers=12, num_heads=12, hidden_dim=768,
-                            intermediate_dim=3072, max_sequence_length=1024)  # fmt: skip
-    keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.GPT2Backbone(**config)
+    config = config or GPT2_SMALL
+    backbone, _, state, token, ours = _gpt2_steps(config, prompt)
     hub = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-    steps = LanguageModelSteps(from_gpt2_backbone(backbone, dropout=0.0))
-    vocab = config["vocabulary_size"]
-    prompts = tf.constant(np.random.default_rng(1).integers(1, vocab, (1, prompt)), "int32")
-    state = steps.start(prompts, 40)
-    token = prompts[:, -1]
     heads = config["num_heads"]
     cache = tf.zeros((1, config["num_layers"], 2, prompt + 40, heads,
                       config["hidden_dim"] // heads))  # fmt: skip
-
-    def ours(token, state):
-        logits, new = steps.step(token, 3, state)
-        return tf.reduce_sum(logits[:, :4]) + tf.reduce_sum(new.caches[0].key[0, 0, 0])
 
     def theirs(token, cache):
         logits, _, new = hub.call_with_cache(token[:, None], cache, prompt + 2)

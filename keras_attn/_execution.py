@@ -18,6 +18,7 @@ import threading
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend.common.masking import get_keras_mask
 
 _INFERENCE = threading.local()  # `depth`: how many `no_gradients()` contexts are open
 
@@ -175,7 +176,7 @@ def call_layer(layer, *args, **kwargs):
     else:
         outputs = layer.call(*args, **kwargs)
     mask = kwargs.get("mask")
-    mask = getattr(args[0], "_keras_mask", None) if mask is None else mask
+    mask = get_keras_mask(args[0]) if mask is None else mask
     if layer.supports_masking and (mask is not None or _computes_masks(type(layer))):
         layer._set_mask_metadata(args[0], outputs, mask)
     return outputs
@@ -209,13 +210,13 @@ def _calls_plainly(layer, args, kwargs) -> bool:
                 return False  # converted by Keras, or deeper than this looks
             if i < len(args) and not (x is None or torch.is_tensor(x)):
                 return False  # Keras refuses it (or lets the layer take it): its message
-            if (i or nested) and getattr(x, "_keras_mask", None) is not None:
+            if (i or nested) and get_keras_mask(x) is not None:
                 return False  # Keras may pass it to `call` as `mask` or `<name>_mask`
             if torch.is_tensor(x) and x.is_floating_point() and x.dtype != float_dtype:
                 return False
     if kwargs.get("mask") is not None and not layer.supports_masking:
         return False  # Keras warns that the mask is dropped
-    if getattr(args[0], "_keras_mask", None) is not None:
+    if get_keras_mask(args[0]) is not None:
         if not layer.supports_masking:
             return False  # Keras drops the mask with a warning
         filled = ("mask", f"{_parameters(type(layer))[0]}_mask")

@@ -54,7 +54,7 @@ def test_inside_no_gradients_a_plain_call_skips_keras_call_on_torch_only(keras_c
 
 @pytest.mark.skipif(not TORCH, reason="the shortcut is torch's: elsewhere every call is Keras'")
 def test_every_case_keras_call_would_change_goes_through_it(keras_calls):
-    import torch
+    torch = pytest.importorskip("torch")
 
     x = keras.random.normal((2, 5, 4), seed=1)
 
