@@ -27,6 +27,7 @@ from keras_attn.arguments import (
     sublayer_seed,
 )
 from keras_attn.layer_io import QueryMaskOutput
+from keras_attn.matmul_einsum_dense import MatmulDense
 from keras_attn.multi_head_attention import MultiHeadAttention
 from keras_attn.multi_head_shapes import check_key_value_heads
 from keras_attn.position_bias import PositionBias
@@ -231,7 +232,7 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         )
 
     def _dense(self, units, activation, name, input_shape):
-        dense = keras.layers.Dense(
+        dense = MatmulDense(  # a Dense that a decoding loop can hoist the kernel of
             units,
             activation=activation,
             kernel_initializer=clone_initializer(self.kernel_initializer),

@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_attn._execution import no_gradients
 from keras_attn._typing import TensorLike
+from keras_attn.matmul_einsum_dense import loop_kernels
 from keras_attn.models import decoding
 from keras_attn.models.logits_processors import (
     check_no_repeat_ngram_size,
@@ -19,13 +20,16 @@ from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tok
 from keras_attn.models.transformer_lm import LanguageModelSteps, check_prompts
 
 SAMPLERS = ("greedy", "sample", "beam")
-# TensorFlow, `jit_compile="auto"`: the weights (bytes) above which the greedy and sampled
-# loops run as a TensorFlow graph (`tf.function`, oneDNN's kernels) rather than under XLA.
-# A decoding step reads every weight once; below this XLA's fused small ops win (a 4-layer,
-# 18 MiB model: 2.2 ms a step against the graph's 3.1 ms), above it XLA's CPU kernels fall
-# behind oneDNN's (a GPT-2-small-sized model, 474 MiB: 53 ms a step against 40 ms; at
-# 137 MiB, 13.6 against 14.7 ms). Measured at batch 1 on the 2-core machine of
-# benchmarks/README.md ("The roofline"; `python -m benchmarks.profile decode`).
+# TensorFlow, `jit_compile="auto"`: the weights (bytes) above which a streamed step runs as a
+# TensorFlow graph (`tf.function`, oneDNN's kernels) rather than under XLA. The one-shot
+# greedy and sampled loops run under XLA whatever the size: they read their kernels once,
+# outside the loop (`keras_attn.matmul_einsum_dense.loop_kernels`), where XLA's CPU kernels
+# read weights faster than oneDNN's (a GPT-2-small-sized model, 474 MiB, batch 1: 36 ms a
+# step against 48; batch 8: 98 against 84 tokens/s). A streamed step is one compiled call
+# per token: it reads the kernels inside, where XLA turns each matrix-vector product into a
+# plain loop (474 MiB: 58 ms a step against the graph's 48; 137 MiB, 13.6 against 14.7 ms;
+# 18 MiB, 2.2 against 3.1 ms). Measured on the 2-core machine of benchmarks/README.md
+# ("The roofline"; `python -m benchmarks.profile decode`).
 XLA_MAX_WEIGHT_BYTES = 256 * 2**20
 _COMPILED = weakref.WeakKeyDictionary()  # model -> _CompiledLoops
 
@@ -93,10 +97,12 @@ def generate(
     from its own last real token, at its own positions, as if unpadded. The
     greedy and sampled loops run compiled: one `jax.jit` on JAX (the weights
     passed as arguments, so later training is seen); on TensorFlow one
-    `tf.function(jit_compile=True)` (XLA) with `jit_compile=True`, and with
-    `"auto"` (the default) XLA for a model of up to `XLA_MAX_WEIGHT_BYTES`
-    (256 MiB) of weights and a `tf.function` graph (oneDNN's kernels, faster at
-    reading large weights on the CPU) above it; traced once per model, settings
+    `tf.function(jit_compile=True)` (XLA), its kernels read once before the
+    loop (`keras_attn.matmul_einsum_dense.loop_kernels`); with `"auto"` (the
+    default) a streamed step runs under XLA for a model of up to
+    `XLA_MAX_WEIGHT_BYTES` (256 MiB) of weights and as a `tf.function` graph
+    (oneDNN's kernels, faster at reading large weights inside a step) above
+    it; traced once per model, settings
     (`suppress_ids` and the repetition controls included) and prompt shape, and
     again after a change of the model's variables (`enable_lora` on its layers,
     `model.quantize`), so the loop always computes what the model computes
@@ -210,7 +216,9 @@ def generate(
         no_repeat_ngram_size=no_repeat_ngram_size,
         return_scores=return_scores,
     )
-    xla = jit_compile is True or keras.backend.backend() != "tensorflow" or _small(model)
+    # TensorFlow: a streamed step of a large model as a graph (`XLA_MAX_WEIGHT_BYTES`).
+    xla = jit_compile is True or keras.backend.backend() != "tensorflow" or not stream
+    xla = xla or _small(model)
     settings = (max_length, end_id, suppress_ids, *options.values(), sampler, xla)
     if sampler == "sample":
         settings += (temperature, top_k, top_p)
@@ -245,7 +253,9 @@ def generate(
     def loop(prompts, uniform):
         decode = decoding_loop(uniform)
         carry = decode.start(prompts, max_length)
-        carry = ops.fori_loop(0, max_length, decode.step, carry)
+        # TensorFlow under XLA: the kernels read here, once, not in every step (issue 47).
+        with loop_kernels(model_ref()._flatten_layers() if xla else ()):
+            carry = ops.fori_loop(0, max_length, decode.step, carry)
         return tuple(value for value in decode.result(carry) if value is not None)
 
     if compiled:

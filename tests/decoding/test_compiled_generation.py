@@ -3,6 +3,7 @@ as it is now: after LoRA or quantization (new variables, another call path) as a
 weights, the tokens of the uncached full pass; and the loop is compiled once per model state.
 """
 
+import contextlib
 import gc
 import weakref
 
@@ -66,22 +67,45 @@ def quantize_and_rescale(model):
         scale.assign(np_(scale) * rng.uniform(0.2, 5.0, size=scale.shape).astype("float32"))
 
 
+@pytest.fixture
+def hoisted(monkeypatch):
+    """The kernels `loop_kernels` read, per traced loop (`models.lm_generation`'s)."""
+    from keras_attn.models import lm_generation
+
+    read = []
+    original = lm_generation.loop_kernels
+
+    @contextlib.contextmanager
+    def recording(layers):
+        with original(layers) as kernels:
+            read.append(len(kernels))
+            yield kernels
+
+    monkeypatch.setattr(lm_generation, "loop_kernels", recording)
+    return read
+
+
 @pytest.mark.filterwarnings("ignore:Layer .* does not have a `quantize` method")
 @pytest.mark.parametrize("change", [enable_lora, quantize_and_rescale], ids=["lora", "int8"])
-def test_compiled_generation_follows_lora_and_quantization(change):
-    model = tiny_lm()
-    before = generate(model, PROMPTS, NEW)  # compiled and cached for the float model
-    np.testing.assert_array_equal(before, full_pass_greedy(model, PROMPTS, NEW))
+@pytest.mark.parametrize("rows", [3, 1])  # one row: the products kept apart (loop_kernels)
+def test_compiled_generation_follows_lora_and_quantization(change, rows, hoisted):
+    model, prompts = tiny_lm(), PROMPTS[:rows]
+    before = generate(model, prompts, NEW)  # compiled and cached for the float model
+    np.testing.assert_array_equal(before, full_pass_greedy(model, prompts, NEW))
     change(model)
-    expected = full_pass_greedy(model, PROMPTS, NEW)
+    expected = full_pass_greedy(model, prompts, NEW)
     assert not np.array_equal(expected, before)  # the change changes the tokens
-    np.testing.assert_array_equal(generate(model, PROMPTS, NEW, jit_compile=False), expected)
-    np.testing.assert_array_equal(generate(model, PROMPTS, NEW), expected)
+    np.testing.assert_array_equal(generate(model, prompts, NEW, jit_compile=False), expected)
+    np.testing.assert_array_equal(generate(model, prompts, NEW), expected)
     # One compiled loop per setting for the model as it is now (the float one let go),
     # reused by the next call.
     (loop,) = _COMPILED[model].values()
-    np.testing.assert_array_equal(generate(model, PROMPTS, NEW), expected)
+    np.testing.assert_array_equal(generate(model, prompts, NEW), expected)
     assert list(_COMPILED[model].values()) == [loop]
+    # TensorFlow read the float model's six kernels (q, k, v, o, two feed-forward) before its
+    # loop, LoRA's too; a quantized layer reads its own (none hoisted). JAX: none.
+    tensorflow = keras.backend.backend() == "tensorflow"
+    assert [n for n in hoisted if n] == [6] * (1 + (change is enable_lora)) * tensorflow
 
 
 def test_compiled_loops_let_the_model_go():

@@ -172,8 +172,9 @@ def test_compiled_generation_equals_the_full_pass():
 
 @pytest.mark.xla
 def test_auto_compile_chooses_by_the_size_of_the_weights(monkeypatch):
-    """`jit_compile="auto"`: XLA up to `XLA_MAX_WEIGHT_BYTES` of weights, a TensorFlow graph
-    above (JAX: `jax.jit` either way); the same tokens, one-shot and streamed."""
+    """`jit_compile="auto"`: the one-shot loop under XLA whatever the size; a streamed step
+    under XLA up to `XLA_MAX_WEIGHT_BYTES` of weights, a TensorFlow graph above (JAX:
+    `jax.jit` either way); the same tokens, one-shot and streamed."""
     from keras_attn.models import generate, lm_generation
 
     model = _lm(num_layers=1)
@@ -185,9 +186,11 @@ def test_auto_compile_chooses_by_the_size_of_the_weights(monkeypatch):
         np.testing.assert_array_equal(generate(model, PROMPTS, 4), expected)
         streamed = np.stack(list(generate(model, PROMPTS, 4, stream=True)), axis=1)
         np.testing.assert_array_equal(streamed, expected)
-    if keras.backend.backend() == "tensorflow":  # both kinds of function were traced
-        traced = lm_generation._COMPILED[model].values()
-        assert sorted({function._jit_compile for function in traced}) == [False, True]
+    if keras.backend.backend() == "tensorflow":
+        # One one-shot loop (XLA, the same settings both times); the streamed prefill and
+        # step under XLA (small), then as graphs (large).
+        traced = [function._jit_compile for function in lm_generation._COMPILED[model].values()]
+        assert sorted(traced) == [False, False, True, True, True], traced
     with pytest.raises(ValueError, match="True, False or 'auto'. Received: jit_compile='xla'"):
         generate(model, PROMPTS, 4, jit_compile="xla")
     with pytest.raises(ValueError, match="Received: jit_compile=1"):
