@@ -8,14 +8,14 @@ compiled with XLA is traced (`keras_attn.models.generate`). Entering it reads
 each layer's kernel as the 2-D matrix its product takes (cast to the compute
 dtype, LoRA folded in), once, outside the loop's body; the body's calls take
 those matrices. At one row a call also keeps its product apart from what
-follows it (an XLA optimization barrier). Why, measured on the 2-core CPU of
-benchmarks/README.md (a GPT-2-small-sized step at batch 1, 12 layers, 474 MiB):
-XLA on the CPU turns a matrix-vector product into a plain loop when it can fuse
-it with the reshape of its matrix (the `(d, h, k)` kernel read as `(d, h k)`,
-inside the body) or with the bias added after it, and that loop reads the
-weights at 5-12 GB/s where XLA's own matrix-vector kernel reads 16-17 GB/s.
-Hoisted and kept apart, the step takes 36 ms against 58 ms, and the graph's 48
-(`python -m benchmarks.profile decode`); generation 1.37x keras-hub's.
+follows it (an XLA optimization barrier). Why: XLA on the CPU turns a
+matrix-vector product into a plain loop when it can fuse it with the reshape of
+its matrix (the `(d, h, k)` kernel read as `(d, h k)` inside the body) or with
+the bias added after it, and that loop reads the weights several times slower
+than XLA's own matrix-vector kernel (`python -m benchmarks.profile matvec`).
+Hoisted and kept apart, a GPT-2-small-sized decoding step at batch 1 reads its
+weights at 95 % of this machine's copy bandwidth, 1.3x keras-hub's step
+(benchmarks/README.md, "The roofline").
 """
 
 import contextlib

@@ -23,13 +23,13 @@ SAMPLERS = ("greedy", "sample", "beam")
 # TensorFlow, `jit_compile="auto"`: the weights (bytes) above which a streamed step runs as a
 # TensorFlow graph (`tf.function`, oneDNN's kernels) rather than under XLA. The one-shot
 # greedy and sampled loops run under XLA whatever the size: they read their kernels once,
-# outside the loop (`keras_attn.matmul_einsum_dense.loop_kernels`), where XLA's CPU kernels
-# read weights faster than oneDNN's (a GPT-2-small-sized model, 474 MiB, batch 1: 36 ms a
-# step against 48; batch 8: 98 against 84 tokens/s). A streamed step is one compiled call
-# per token: it reads the kernels inside, where XLA turns each matrix-vector product into a
-# plain loop (474 MiB: 58 ms a step against the graph's 48; 137 MiB, 13.6 against 14.7 ms;
-# 18 MiB, 2.2 against 3.1 ms). Measured on the 2-core machine of benchmarks/README.md
-# ("The roofline"; `python -m benchmarks.profile decode`).
+# outside the loop (`keras_attn.matmul_einsum_dense.loop_kernels`), and there XLA's CPU
+# kernels read weights faster than oneDNN's (a GPT-2-small-sized model, 474 MiB, batch 1:
+# 22.7 ms a step, 95 % of the copy bandwidth, where the graph's took 43.8; benchmarks/
+# README.md, "The roofline"). A streamed step is one compiled call per token: it reads the
+# kernels inside, where XLA turns each matrix-vector product into a plain loop (474 MiB:
+# 59.5 ms a step against the graph's 49.7; 137 MiB, 13.6 against 14.7 ms; 18 MiB, 2.2
+# against 3.1 ms; `python -m benchmarks.profile decode`, the 2-core machine).
 XLA_MAX_WEIGHT_BYTES = 256 * 2**20
 _COMPILED = weakref.WeakKeyDictionary()  # model -> _CompiledLoops
 
