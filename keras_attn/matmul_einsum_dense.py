@@ -62,12 +62,7 @@ def loop_kernels(layers):
 def _matrix(layer):
     """`layer`'s kernel in its compute dtype as `(inputs, outputs)`."""
     kernel = ops.cast(layer.kernel, layer.compute_dtype)
-    inner = math.prod(kernel.shape[: _contract_axes(layer)])
-    return ops.reshape(kernel, (inner, -1))
-
-
-def _contract_axes(layer):
-    return layer.contract_axes if isinstance(layer, MatmulEinsumDense) else 1
+    return ops.reshape(kernel, (math.prod(kernel.shape[: layer.contract_axes]), -1))
 
 
 def _loop_kernel(layer):
@@ -76,15 +71,26 @@ def _loop_kernel(layer):
     return None if not kernels else kernels.get(id(layer))
 
 
-def _product(x2, kernel, hoisted):
-    """`x2 @ kernel`; when `hoisted` and `x2` has one row, behind an XLA optimization barrier."""
+def _project(layer, inputs, outer):
+    """`layer`'s function as one 2-D matmul: its last `contract_axes` input axes contracted
+    with its kernel (the one `loop_kernels` read, if any), the bias, the activation; the
+    output `(*lead, *outer)`. Under `loop_kernels`, a one-row product sits behind an XLA
+    optimization barrier."""
+    hoisted = _loop_kernel(layer)
+    kernel = _matrix(layer) if hoisted is None else hoisted
+    x2 = ops.reshape(inputs, (-1, kernel.shape[0]))
     y = ops.matmul(x2, kernel)
-    if hoisted and x2.shape[0] == 1:
+    if hoisted is not None and x2.shape[0] == 1:
         from tensorflow.compiler.tf2xla.python import xla  # TensorFlow's XLA ops
 
         # Nothing fuses into the matrix-vector product from either side (module docstring).
         (y,) = xla.optimization_barrier(y)
-    return y
+    if layer.bias is not None:
+        y = y + ops.reshape(ops.cast(layer.bias, layer.compute_dtype), (kernel.shape[1],))
+    # One shape op for the leading axes (one per axis would add an op to every call).
+    lead = ops.shape(inputs)[: -layer.contract_axes]
+    y = ops.reshape(y, (*lead, *outer))
+    return y if layer.activation is None else layer.activation(y)
 
 
 class MatmulEinsumDense(keras.layers.EinsumDense):
@@ -115,16 +121,8 @@ class MatmulEinsumDense(keras.layers.EinsumDense):
     def call(self, inputs, training=None):
         if self.quantization_mode is not None or is_eager(inputs):
             return super().call(inputs, training=training)
-        n = self.contract_axes
-        outer = self._kernel.shape[n:]  # the variable's: `kernel` would compute LoRA's again
-        hoisted = _loop_kernel(self)
-        kernel = _matrix(self) if hoisted is None else hoisted
-        y = _product(ops.reshape(inputs, (-1, kernel.shape[0])), kernel, hoisted is not None)
-        if self.bias is not None:
-            y = y + ops.reshape(ops.cast(self.bias, self.compute_dtype), (kernel.shape[1],))
-        lead = ops.shape(inputs)[:-n]  # one shape op (per axis, each call would add one)
-        y = ops.reshape(y, (*lead, *outer))
-        return y if self.activation is None else self.activation(y)
+        # The variable's shape: `kernel` would compute LoRA's product again.
+        return _project(self, inputs, self._kernel.shape[self.contract_axes :])
 
 
 class MatmulDense(keras.layers.Dense):
@@ -136,16 +134,13 @@ class MatmulDense(keras.layers.Dense):
     the bias and activation that follow (module docstring).
     """
 
+    contract_axes = 1  # the last input axis, as `MatmulEinsumDense`'s `contract_axes`
+
     def quantize(self, mode=None, type_check=True, config=None):
         # Dense refuses subclasses; quantized, this layer runs Dense's quantized calls.
         super().quantize(mode, type_check=False, config=config)
 
     def call(self, inputs, training=None):
-        kernel = None if self.quantization_mode is not None else _loop_kernel(self)
-        if kernel is None:
+        if self.quantization_mode is not None or _loop_kernel(self) is None:
             return super().call(inputs, training=training)
-        y = _product(ops.reshape(inputs, (-1, kernel.shape[0])), kernel, True)
-        if self.bias is not None:
-            y = ops.add(y, self.bias)
-        y = ops.reshape(y, (*ops.shape(inputs)[:-1], self.units))
-        return y if self.activation is None else self.activation(y)
+        return _project(self, inputs, (self.units,))

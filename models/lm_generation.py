@@ -253,8 +253,9 @@ def generate(
     def loop(prompts, uniform):
         decode = decoding_loop(uniform)
         carry = decode.start(prompts, max_length)
-        # TensorFlow under XLA: the kernels read here, once, not in every step (issue 47).
-        with loop_kernels(model_ref()._flatten_layers() if xla else ()):
+        # TensorFlow under XLA (a one-shot loop always is): the kernels read here, once, not
+        # in every step (issue 47).
+        with loop_kernels(model_ref()._flatten_layers()):
             carry = ops.fori_loop(0, max_length, decode.step, carry)
         return tuple(value for value in decode.result(carry) if value is not None)
 

@@ -39,14 +39,14 @@ def projection(kind, policy="float32"):
 def numpy_projection(layer, x):
     """The layer's function in NumPy: the last axes contracted with the kernel, the bias, the
     activation (gelu for the dense one, as Keras' approximate=False)."""
-    kernel = np_(layer.kernel)  # LoRA folded in by the property
-    inner = int(np.prod(kernel.shape[: getattr(layer, "contract_axes", 1)]))
-    lead = x.shape[: x.ndim - getattr(layer, "contract_axes", 1)]
+    kernel, n = np_(layer.kernel), layer.contract_axes  # LoRA folded in by the property
+    inner = int(np.prod(kernel.shape[:n]))
+    lead = x.shape[: x.ndim - n]
     y = x.reshape(-1, inner) @ kernel.reshape(inner, -1) + np_(layer.bias).reshape(-1)
     if isinstance(layer, MatmulDense):
         erf = np.vectorize(math.erf)  # the standard library's: no SciPy in the test venv
         y = 0.5 * y * (1 + erf(y / np.sqrt(2)))
-    return y.reshape(*lead, *kernel.shape[getattr(layer, "contract_axes", 1) :])
+    return y.reshape(*lead, *kernel.shape[n:])
 
 
 def in_xla_loop(layer, x, out_shape, steps=2):
