@@ -30,6 +30,7 @@ from keras_attn._execution import no_gradients
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_finite_number, check_positive_int
 from keras_attn.models.logits_processors import check_no_repeat_ngram_size, check_repetition_penalty
+from keras_attn.models.sampling import top_k_lowest_first
 
 # `keras_attn.models.decoding` imports this module (its `beam_search` name): the functions
 # below import it when they run.
@@ -333,8 +334,5 @@ def beam_search_loop(
 
 def _best(ranked, k):
     """int32 `(B, k)`: the indices of each row's `k` largest values, the lowest index first
-    among equals (`ops.top_k` does this on TensorFlow and JAX; torch's `topk` orders ties
-    arbitrarily, so there a stable sort)."""
-    if keras.backend.backend() == "torch":
-        return ops.argsort(-ranked, axis=-1)[:, :k]  # stable: ties keep their order
-    return ops.cast(ops.top_k(ranked, k)[1], "int32")
+    among equals."""
+    return top_k_lowest_first(ranked, k)[1]

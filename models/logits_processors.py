@@ -9,10 +9,16 @@ these once per step, between ruling out padding and choosing the token. Everythi
 import math
 import numbers
 
+import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import is_int
+
+_FLOAT32_MAX = float(np.finfo("float32").max)
+# The largest finite value of a logits dtype narrower than float32 (float32's otherwise).
+_LARGEST = {"float16": 65504.0, "bfloat16": (2 - 2**-7) * 2.0**127}
 
 
 def check_repetition_penalty(value: float | None) -> float:
@@ -29,11 +35,11 @@ def check_repetition_penalty(value: float | None) -> float:
         isinstance(value, bool)
         or not isinstance(value, numbers.Real)
         or not math.isfinite(value)
-        or value <= 0
+        or not 0 < value <= _FLOAT32_MAX
     ):
         raise ValueError(
-            "`repetition_penalty` must be a positive finite number (1 = off). "
-            f"Received: repetition_penalty={value!r}"
+            "`repetition_penalty` must be a positive number a float32 holds (at most "
+            f"{_FLOAT32_MAX:.4g}; 1 = off). Received: repetition_penalty={value!r}"
         )
     return float(value)
 
@@ -93,6 +99,11 @@ def penalize_repetition(logits: TensorLike, seen: TensorLike, penalty: float) ->
 
     `l'[b, v] = l / penalty if seen[b, v] and l > 0; l * penalty if seen[b, v] and l <= 0;
     l otherwise.` A penalty of 1 changes nothing; `-inf` (a ruled-out token) stays `-inf`.
+    The penalty never rules a token out: a finite logit stays finite, clipped to the logits'
+    dtype's finite range where the rule would overflow it (a huge penalty on a negative
+    logit, or a tiny one on a positive logit), so a row whose every allowed token was seen
+    still chooses among them, never padding. The arithmetic is float32 (float16 logits
+    under mixed precision cannot hold a penalty past 65,504).
 
     Args:
         logits: float `(B, V)` (any float dtype; the result keeps it).
@@ -114,9 +125,14 @@ def penalize_repetition(logits: TensorLike, seen: TensorLike, penalty: float) ->
         Controllable Generation", https://arxiv.org/abs/1909.05858 (section 4.1)
     """
     logits = ops.convert_to_tensor(logits)
-    penalty = ops.cast(penalty, logits.dtype)
-    penalized = ops.where(logits > 0, logits / penalty, logits * penalty)
-    return ops.where(ops.cast(seen, "bool"), penalized, logits)
+    dtype = logits.dtype
+    values = ops.cast(logits, "float32")
+    penalty = ops.cast(penalty, "float32")
+    penalized = ops.where(values > 0, values / penalty, values * penalty)
+    largest = _LARGEST.get(keras.backend.standardize_dtype(dtype), _FLOAT32_MAX)
+    penalized = ops.clip(penalized, -largest, largest)  # finite stays finite (+-inf: below)
+    seen = ops.logical_and(ops.cast(seen, "bool"), ops.isfinite(values))
+    return ops.where(seen, ops.cast(penalized, dtype), logits)
 
 
 def banned_ngram_tokens(

@@ -1,12 +1,13 @@
 """Choosing the next token from a decoder's logits: greedy and sampled.
 
 `keras_attn.models.decoding` calls these once per decoding step, inside its loop (eager,
-or a `tf.function` in a SavedModel). Both use `ops.top_k` rather than
-`ops.argmax`: on TensorFlow, Keras' `argmax` adds a sign-bit test
-(`tf.BitwiseAnd`) that TFLite's builtin ops lack, while `top_k` converts and
-breaks ties the same way (the lowest token id first). On JAX greedy decoding uses
-`argmax`: JAX serializes `top_k` (jax2tf, in a SavedModel export) as a StableHLO
-composite that TensorFlow's `XlaCallModule` (2.21) cannot read.
+or a `tf.function` in a SavedModel). Ties go to the lowest token id on every backend
+(`top_k_lowest_first`). On TensorFlow both use `ops.top_k` rather than `ops.argmax`: Keras'
+`argmax` adds a sign-bit test (`tf.BitwiseAnd`) that TFLite's builtin ops lack, while `top_k`
+converts and breaks ties the same way. On JAX greedy decoding uses `argmax`: JAX serializes
+`top_k` (jax2tf, in a SavedModel export) as a StableHLO composite that TensorFlow's
+`XlaCallModule` (2.21) cannot read. torch's `topk` orders equal values arbitrarily, so there
+greedy decoding takes `argmax` (the first maximal index) and the samplers a stable sort.
 
 `sample_tokens_with` is `sample_tokens` with its settings as tensors (an exported
 `generate`'s per-request settings): one graph serves every temperature, top-k and top-p.
@@ -25,6 +26,37 @@ from keras_attn.arguments import is_int
 _FLOAT32_MAX = float(np.finfo("float32").max)
 
 
+def top_k_lowest_first(values: TensorLike, k: int) -> tuple[TensorLike, TensorLike]:
+    """`ops.top_k` with ties broken at the lowest index on every backend.
+
+    Returns each row's `k` largest values, largest first, and their int32 indices; among
+    equal values the lower index comes first (and is the one kept where `k` cuts through
+    them). `ops.top_k` does this on TensorFlow and JAX; torch's `topk` orders ties
+    arbitrarily, so there a stable descending sort.
+
+    Args:
+        values: float `(B, N)`.
+        k: a Python int in `[1, N]`.
+
+    Returns:
+        `(top values (B, k), int32 indices (B, k))`.
+
+    Example:
+
+    >>> _, ids = top_k_lowest_first(np.array([[-1.0, 3.0, 3.0, 0.0, 3.0]]), 2)
+    >>> print(ops.convert_to_numpy(ids))
+    [[1 2]]
+    """
+    if keras.backend.backend() == "torch":
+        import torch
+
+        values = ops.convert_to_tensor(values)
+        top, ids = torch.sort(values, dim=-1, descending=True, stable=True)
+        return top[:, :k], ops.cast(ids[:, :k], "int32")
+    top, ids = ops.top_k(values, k)
+    return top, ops.cast(ids, "int32")
+
+
 def greedy_tokens(logits: TensorLike) -> TensorLike:
     """`(B, V)` logits -> `(B,)` int32 `argmax_v logits[b, v]` (ties: the lowest id).
 
@@ -33,7 +65,7 @@ def greedy_tokens(logits: TensorLike) -> TensorLike:
     >>> print(ops.convert_to_numpy(greedy_tokens(np.array([[0.1, 2.0, 2.0], [3.0, 0.0, 1.0]]))))
     [1 0]
     """
-    if keras.backend.backend() == "jax":
+    if keras.backend.backend() in ("jax", "torch"):  # both: the first maximal index
         return ops.cast(ops.argmax(logits, axis=-1), "int32")
     _, ids = ops.top_k(logits, 1)  # (B, 1)
     return ops.cast(ids[:, 0], "int32")
@@ -117,9 +149,9 @@ def sample_tokens(
     k = vocab if top_k is None else min(top_k, vocab)
     if float(temperature) * _FLOAT32_MAX < 1:
         k = 1  # greedy: 1 / temperature overflows float32, as would every scaled gap
-    values, ids = ops.top_k(logits, k)  # (B, k), most likely first; ties: lowest id first
     if k == 1:
-        return ops.cast(ids[:, 0], "int32")
+        return greedy_tokens(logits)
+    values, ids = top_k_lowest_first(logits, k)  # (B, k), most likely first; ties: lowest id
     # (values - max) * (1 / temperature) <= 0: no +inf, whatever the temperature; an exact
     # 0 at the max (the inverse is finite), so a softmax row is never all NaN.
     # The max read from `logits`, not `values[:, :1]`: the same number, but TensorFlow's XLA
@@ -138,7 +170,7 @@ def sample_tokens(
     kept = ops.sum(ops.cast(probs > 0, "int32"), axis=-1)  # (B,), a prefix: probs decrease
     rank = ops.minimum(rank, ops.maximum(kept, 1) - 1)
     chosen = ops.take_along_axis(ids, ops.expand_dims(rank, -1), axis=-1)  # (B, 1)
-    return ops.cast(chosen[:, 0], "int32")
+    return chosen[:, 0]
 
 
 def sample_tokens_with(
@@ -194,7 +226,7 @@ def sample_tokens_with(
     temperature = ops.cast(temperature, "float32")
     greedy = temperature * _FLOAT32_MAX < 1  # 1 / temperature overflows float32
     inverse = 1.0 / ops.where(greedy, 1.0, temperature)  # finite: no 0 * inf at the max
-    values, ids = ops.top_k(logits, vocab)  # (B, V) most likely first; ties: lowest id first
+    values, ids = top_k_lowest_first(logits, vocab)  # (B, V) most likely first; ties: lowest id
     ranks = ops.arange(vocab, dtype="int32")  # (V,)
     top_k = ops.cast(top_k, "int32")
     candidate = ops.logical_or(ranks < top_k, top_k <= 0)  # (V,)
@@ -212,4 +244,4 @@ def sample_tokens_with(
     rank = ops.minimum(rank, ops.maximum(kept, 1) - 1)
     rank = ops.where(greedy, 0, rank)  # the argmax (ids[:, 0])
     chosen = ops.take_along_axis(ids, ops.expand_dims(rank, -1), axis=-1)  # (B, 1)
-    return ops.cast(chosen[:, 0], "int32")
+    return chosen[:, 0]

@@ -68,6 +68,50 @@ def test_penalize_repetition_is_ctrls_rule():
     np.testing.assert_allclose(got, ctrl_reference(logits, seen, 2.0), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_huge_or_tiny_penalty_never_rules_a_token_out(dtype):
+    """CTRL's rule overflows (a seen negative logit times 1e38 is -inf in float32, and float16
+    holds no penalty past 65,504): a finite logit stays finite, clipped to the dtype's range,
+    and -inf (ruled out) stays -inf; so a row whose every allowed token was seen still
+    chooses one of them, never padding (issue 56: it gave token 0)."""
+    logits = np.array([[-np.inf, -0.5, -2.0, 0.0, 1.5], [-np.inf, -3.0, -1.0, -0.25, -4.0]])
+    seen = np.array([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]], bool)
+    typed = keras.ops.cast(logits, dtype)
+    largest = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}.get(dtype, 3.4028235e38)
+    for penalty in (1e38, 3.4e38, 2e-38, 1e-45, 70000.0):
+        got = np_(keras.ops.cast(penalize_repetition(typed, seen, penalty), "float64"))
+        want = np.clip(ctrl_reference(logits, seen, np.float32(penalty)), -largest, largest)
+        want[:, 0] = -np.inf  # ruled out stays ruled out
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-6, err_msg=str(penalty))
+        assert np.isfinite(got[:, 1:]).all(), penalty
+        assert (np_(greedy_tokens(got)) != 0).all(), penalty  # never padding
+
+
+def test_generate_with_a_huge_penalty_after_every_allowed_token_was_seen():
+    """Only ids 5, 6, 7 allowed, all in the prompt, their logits -4, -5, -6 at every step (the
+    final norm's output made a constant `u`, their embedding rows `-4u`, `-5u`, `-6u`): a
+    penalty of 1e38 overflowed all three to -inf and greedy decoding emitted padding (0).
+    Now each is clipped to float32's lowest and the tie goes to the lowest id, 5."""
+    keras.utils.set_random_seed(0)
+    model = transformer_lm(VOCAB, num_layers=1, num_heads=2, d_model=16, intermediate_dim=32)
+    u = np.eye(16, dtype="float32")[0]
+    norm, table = model.get_layer("final_norm"), model.get_layer("token_embedding").embeddings
+    norm.gamma.assign(np.zeros(16, "float32"))
+    norm.beta.assign(u)
+    rows = np_(table).copy()
+    rows[[5, 6, 7]] = -np.array([[4.0], [5.0], [6.0]]) * u
+    table.assign(rows)
+    suppress = [i for i in range(1, VOCAB) if i not in (5, 6, 7)]
+    prompts = np.array([[5, 6, 7, 0]], "int32")
+    for jit_compile in (False, True):
+        for penalty in (1.0, 1e38):
+            tokens = generate(
+                model, prompts, NEW, repetition_penalty=penalty, suppress_ids=suppress,
+                jit_compile=jit_compile,
+            )  # fmt: skip
+            np.testing.assert_array_equal(np_(tokens), 5, err_msg=f"{jit_compile} {penalty}")
+
+
 def test_seen_tokens_ignores_padding():
     tokens = np.array([[3, 1, 3, 0], [0, 0, 4, 4]], "int32")
     expected = np.zeros((2, 6), bool)
@@ -90,7 +134,7 @@ def test_banned_ngram_tokens_equals_brute_force():
     assert not np_(banned_ngram_tokens(history[:, :2], 2, 3, 5)).any()  # shorter than n
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "2"])
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), 1e39, True, "2"])
 def test_bad_repetition_penalty(bad):
     with pytest.raises(ValueError, match="repetition_penalty"):
         check_repetition_penalty(bad)

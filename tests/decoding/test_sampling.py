@@ -9,7 +9,12 @@ import tensorflow as tf
 
 from keras_attn.models import greedy_decode, transformer_seq2seq
 from keras_attn.models.decoding import sample_decode
-from keras_attn.models.sampling import greedy_tokens, sample_tokens
+from keras_attn.models.sampling import (
+    greedy_tokens,
+    sample_tokens,
+    sample_tokens_with,
+    top_k_lowest_first,
+)
 from model_checks import padded_tokens
 
 pytestmark = pytest.mark.jax_slow  # on TensorFlow and torch in CI
@@ -86,6 +91,44 @@ def test_top_k_one_and_a_cold_temperature_are_greedy_per_step():
     np.testing.assert_array_equal(greedy, np.argmax(logits, -1))
     np.testing.assert_array_equal(np_(sample_tokens(logits, uniform, top_k=1)), greedy)
     np.testing.assert_array_equal(np_(sample_tokens(logits, uniform, temperature=1e-4)), greedy)
+
+
+TIED = [
+    np.array([[-1.0, 3.0, 3.0, 0.0, 3.0]], "float32"),  # ids 1, 2, 4 tie
+    np.array([[-np.inf] + [0.0] * 63], "float32"),  # 63 tied tokens after padding
+    np.array([[0.5, 2.0, -1.0, 2.0, 2.0, 2.0, 1.0, 2.0]] * 3, "float32"),  # a batch of them
+]
+
+
+@pytest.mark.parametrize("logits", TIED, ids=["five", "sixty-four", "batch"])
+def test_ties_go_to_the_lowest_id_in_every_sampler(logits):
+    """Every draw that is the argmax (greedy, top-k 1, a temperature of 0 or near it, beam's
+    choice) takes the lowest of the tied ids on every backend; torch's `topk` orders equal
+    values arbitrarily (it gave 2 and 15 for the first two rows). Where top-k cuts through a
+    tie, the lowest tied ids are the candidates."""
+    expected = np.argmax(logits, -1)  # NumPy: the first maximal index
+    uniform = rng.uniform(size=len(logits))
+    drawn = {
+        "greedy_tokens": greedy_tokens(logits),
+        "top_k=1": sample_tokens(logits, uniform, top_k=1),
+        "temperature=1e-39": sample_tokens(logits, uniform, temperature=1e-39),
+        "with temperature=0": sample_tokens_with(logits, uniform, 0.0, 0, 1.0),
+        "with top_k=1": sample_tokens_with(logits, uniform, 1.0, 1, 1.0),
+        "beam": top_k_lowest_first(logits, 1)[1][:, 0],
+    }
+    for name, tokens in drawn.items():
+        np.testing.assert_array_equal(np_(tokens), expected, err_msg=name)
+    ties = np.flatnonzero(logits[0] == logits[0].max())
+    for u in (np.arange(GRID // 100) + 0.5) / (GRID // 100):  # top-k 2 keeps the lowest two
+        uniform = np.full(len(logits), u)
+        for tokens in (
+            sample_tokens(logits, uniform, top_k=2),
+            sample_tokens_with(logits, uniform, 1.0, 2, 1.0),
+        ):
+            assert set(np_(tokens).tolist()) <= set(ties[:2].tolist()), u
+    values, ids = top_k_lowest_first(logits, 3)
+    np.testing.assert_array_equal(np_(ids), np.argsort(-logits, -1, kind="stable")[:, :3])
+    np.testing.assert_array_equal(np_(values), -np.sort(-logits, -1)[:, :3])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])  # float16: mixed precision's logits

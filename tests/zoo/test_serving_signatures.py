@@ -54,6 +54,7 @@ MAX_LENGTH, PROMPT_LENGTH, END = 6, 4, 3
 SETTINGS = [
     (6, 0.0, 0, 1.0, 0, 1.0), (6, 1.0, 0, 1.0, 5, 1.0), (4, 0.75, 3, 0.9, -7, 1.5),
     (5, 0.0, 0, 1.0, 0, 2.0), (6, 2.0, 20, 0.8, 123, 1.0),
+    (6, 0.0, 0, 1.0, 0, 1e38),  # overflowed seen logits to -inf: padding was generated
 ]  # fmt: skip
 GOOD = dict(max_length=6, temperature=1.0, top_k=0, top_p=1.0, seed=0, repetition_penalty=1.0)
 BAD = [("max_length", 7), ("max_length", 0), ("temperature", -1.0), ("temperature", float("nan")),
@@ -181,6 +182,7 @@ def test_generate_signature_equals_python_generate(language_model, served):
         np.testing.assert_allclose(out["scores"], scores, atol=1e-5, err_msg=str(settings))
         words = [" ".join(WORDS[t] for t in _before_end(row)) for row in tokens.tolist()]
         assert out["text"] == words and "[UNK]" not in " ".join(words)  # favoured, suppressed
+        assert all(0 not in _before_end(row) for row in out["tokens"]), settings  # no padding
     greedy, sampled = served["generate"][:2]
     assert greedy["tokens"] != sampled["tokens"]
 
