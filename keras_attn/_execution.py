@@ -21,6 +21,7 @@ from keras import ops
 from keras.src.backend.common.masking import get_keras_mask
 
 _INFERENCE = threading.local()  # `depth`: how many `no_gradients()` contexts are open
+_XLA = threading.local()  # `depth`: how many `xla_tracing()` contexts are open
 
 
 def _tracer_type():
@@ -135,6 +136,26 @@ def no_gradients():
             yield
     finally:
         _INFERENCE.depth -= 1
+
+
+@contextlib.contextmanager
+def xla_tracing():
+    """A context around a trace that XLA will compile (`tf.function(jit_compile=True)`).
+
+    XLA drops TensorFlow's `Assert` ops, logging "Ignoring Assert operator" for each one, so
+    in-graph checks (`keras_attn.cache.check_index`) build none inside it. The flag is per
+    thread.
+    """
+    _XLA.depth = getattr(_XLA, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _XLA.depth -= 1
+
+
+def xla_traced() -> bool:
+    """Whether a trace for XLA is under way in this thread (`xla_tracing`)."""
+    return getattr(_XLA, "depth", 0) > 0
 
 
 def adapts_arguments_only(method):

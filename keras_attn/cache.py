@@ -23,7 +23,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._execution import transpose
+from keras_attn._execution import transpose, xla_traced
 from keras_attn._typing import Length, TensorLike
 from keras_attn.arguments import check_rank, dim
 
@@ -174,7 +174,8 @@ def as_kv_cache(cache: KVCache | tuple[TensorLike, TensorLike, TensorLike]) -> K
         return KVCache(*cache)
     raise TypeError(
         "`cache` must be a keras_attn.KVCache(key, value, valid), from `empty_cache` or "
-        f"`compute_cache`. Received: cache of type {type(cache).__name__}"
+        "`compute_cache` (keras-hub's stacked cache tensor: the TransformerDecoder blocks). "
+        f"Received: cache of type {type(cache).__name__}"
         + (f" with {len(cache)} items" if isinstance(cache, (tuple, list)) else "")
     )
 
@@ -289,7 +290,7 @@ def check_index(index: Length, query_length: Length, cache_length: Length) -> Te
             return check_index(int(index), query_length, cache_length)
         index = ops.cast(index, "int32")
         in_range = ops.logical_and(index >= 0, index + query_length <= cache_length)
-        if keras.backend.backend() == "tensorflow":
+        if keras.backend.backend() == "tensorflow" and not xla_traced():  # XLA drops it
             import tensorflow as tf
 
             tf.debugging.Assert(

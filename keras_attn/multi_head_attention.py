@@ -93,7 +93,9 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
     key/value head (`keras_attn.GroupedQueryAttention`: Keras' names).
 
     **Cached decoding** (rank-3 inputs): `cache=` a `keras_attn.KVCache`
-    (from `empty_cache` or `compute_cache`). With `cache_update_index=i` the
+    (from `empty_cache` or `compute_cache`), or a plain `(key, value, valid)` tuple;
+    keras-hub's stacked cache tensor is taken by the Transformer decoder blocks
+    (`TransformerDecoder`), not here. With `cache_update_index=i` the
     new tokens' keys and values are written at positions `i, i + 1, ...`
     (valid where `value_mask` holds) and the queries attend over the valid
     positions of the whole cache: step by step after a padded prefill equals
@@ -492,7 +494,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         return_attention_scores: bool = False,
         training: bool | None = None,
         use_causal_mask: bool = False,
-        cache: KVCache | TensorLike | None = None,
+        cache: KVCache | tuple[TensorLike, TensorLike, TensorLike] | None = None,
         cache_update_index: Length | None = None,
         attention_bias: TensorLike | None = None,
     ):

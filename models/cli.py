@@ -5,7 +5,8 @@
                           [--attention additive|none] [--export DIR] [--plot FILE]
                           [--output DIR] ...
     keras-attn predict TASK [TEXT ...] [--runs-dir DIR] [--stream] [--temperature T]
-                       [--top-k K] [--top-p P] [--seed S]
+                       [--top-k K] [--top-p P] [--seed S] [--repetition-penalty R]
+                       [--no-repeat-ngram-size N] [--max-length L]
 
 A command's options may come before, between or after its positional arguments.
 The default of every generated task needs no network: its tfds builder
@@ -247,31 +248,63 @@ def _parser():
     predict.add_argument("--top-k", type=int, help="transformer-lm: sample among the k likeliest")
     predict.add_argument("--top-p", type=float, help="transformer-lm: the nucleus mass, in (0, 1]")
     predict.add_argument("--seed", type=int, help="transformer-lm: the sampling seed")
+    predict.add_argument(
+        "--repetition-penalty", type=float,
+        help="transformer-lm: CTRL's penalty on the tokens already in the text (> 1 "
+        "discourages repeats; 1: off)",
+    )  # fmt: skip
+    predict.add_argument(
+        "--no-repeat-ngram-size", type=int,
+        help="transformer-lm: never repeat an n-gram of this many tokens (0: off)",
+    )  # fmt: skip
+    predict.add_argument(
+        "--max-length", type=int,
+        help="transformer-lm: the most new tokens (default and largest: the run's)",
+    )  # fmt: skip
     return parser
 
 
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
+_GENERATION_FLAGS = (*_SAMPLING_FLAGS, "repetition_penalty", "no_repeat_ngram_size", "max_length")
 
 
 def _generation(args):
     """`predict`'s generation settings from its flags (`generate`'s arguments): greedy unless
     a sampling flag is given; `ValueError` naming the flag for a bad value."""
+    from keras_attn.models.logits_processors import (
+        check_no_repeat_ngram_size,
+        check_repetition_penalty,
+    )
     from keras_attn.models.sampling import check_sampling
 
-    given = {name: getattr(args, name) for name in _SAMPLING_FLAGS}
-    if all(value is None for value in given.values()):
-        return {}
-    temperature = 1.0 if given["temperature"] is None else given["temperature"]
+    given = {name: getattr(args, name) for name in _GENERATION_FLAGS}
+    generation = {}
     try:
-        temperature, top_k, top_p, seed = check_sampling(
-            temperature, given["top_k"], given["top_p"], given["seed"]
-        )
+        if any(given[name] is not None for name in _SAMPLING_FLAGS):
+            temperature = 1.0 if given["temperature"] is None else given["temperature"]
+            temperature, top_k, top_p, seed = check_sampling(
+                temperature, given["top_k"], given["top_p"], given["seed"]
+            )
+            generation.update(
+                sampler="sample", temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+            )
+        if given["repetition_penalty"] is not None:
+            generation["repetition_penalty"] = check_repetition_penalty(given["repetition_penalty"])
+        if given["no_repeat_ngram_size"] is not None:
+            size = check_no_repeat_ngram_size(given["no_repeat_ngram_size"])
+            generation["no_repeat_ngram_size"] = size
+        if given["max_length"] is not None:
+            if given["max_length"] < 1:  # the run's own bound: checked once loaded
+                raise ValueError(
+                    f"`max_length` must be a positive integer. Received: {given['max_length']}"
+                )
+            generation["max_length"] = given["max_length"]
     except ValueError as error:  # name the flag, not the argument
         message = str(error)
-        for name in _SAMPLING_FLAGS:
+        for name in _GENERATION_FLAGS:
             message = message.replace(f"`{name}`", f"--{name.replace('_', '-')}")
         raise ValueError(message) from None
-    return dict(sampler="sample", temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    return generation
 
 
 def _predict(args):
@@ -290,28 +323,38 @@ def _predict(args):
         print(f"keras-attn predict: error: {error}", file=sys.stderr)
         return 1
     if (generation or args.stream) and not isinstance(model, text.TextLanguageModel):
-        flag = "--stream" if args.stream else "--temperature, --top-k, --top-p, --seed"
+        flag = (
+            "--stream"
+            if args.stream
+            else ", ".join(f"--{name.replace('_', '-')}" for name in _GENERATION_FLAGS)
+        )
         print(
             f"keras-attn predict: error: {flag}: only a language model's task (transformer-lm) "
-            f"generates by sampling or streams. Received: task={args.task!r}",
+            f"takes generation settings or streams. Received: task={args.task!r}",
             file=sys.stderr,
         )
         return 2
+
     for sentence in model.outside_training(texts):  # once per run, each kind
         print(
             f"keras-attn predict: warning: {sentence}: the outputs of such inputs may be "
             "meaningless",
             file=sys.stderr,
         )
-    if args.stream:
-        for one in texts:  # each input's words as they come, then its line's end
-            words = (w for (w,) in model.stream_text([one], **generation) if w)
-            for i, word in enumerate(words):
-                print(f"{' ' if i else ''}{word}", end="", flush=True)
-            print()
-        return 0
-    for output in model.predict_text(texts, **generation):  # (settings: a language model's)
-        print(output)
+    try:
+        if args.stream:
+            for one in texts:  # each input's words as they come, then its line's end
+                words = (w for (w,) in model.stream_text([one], **generation) if w)
+                for i, word in enumerate(words):
+                    print(f"{' ' if i else ''}{word}", end="", flush=True)
+                print()
+            return 0
+        for output in model.predict_text(texts, **generation):  # (settings: a language model's)
+            print(output)
+    except ValueError as error:  # --max-length past the run's: checked before any output
+        message = str(error).replace("`max_length`", "--max-length")
+        print(f"keras-attn predict: error: {message}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,5 +1,6 @@
 """`generate`: a language model's continuation of its prompts, compiled where the backend allows."""
 
+import contextlib
 import math
 import weakref
 from collections.abc import Iterator, Sequence
@@ -8,7 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._execution import no_gradients
+from keras_attn._execution import no_gradients, xla_tracing
 from keras_attn._typing import TensorLike
 from keras_attn.matmul_einsum_dense import loop_kernels
 from keras_attn.models import decoding
@@ -328,10 +329,7 @@ def _compile(variables, loop, xla=True):
     (`variables`, the model's, passed as arguments), traced inside `no_gradients()`:
     nothing differentiates a decoding loop, so its kernels build no custom gradients."""
 
-    def inference(*args):
-        with no_gradients():
-            return loop(*args)
-
+    inference = _Inference(loop, xla)
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
@@ -344,6 +342,20 @@ def _compile(variables, loop, xla=True):
 
     jitted = jax.jit(stateless)
     return lambda *args: jitted([v.value for v in variables], *args)
+
+
+class _Inference:
+    """`loop(*args)` traced inside `no_gradients()` (and `xla_tracing()` for XLA): the
+    function `_compile` gives `tf.function`. An object, not a closure: TensorFlow counts
+    traces per Python code object, so every loop compiled from one closure (one per model
+    and settings, each traced once) would count as retracing one function and warn."""
+
+    def __init__(self, loop, xla):
+        self.loop, self.xla = loop, xla
+
+    def __call__(self, *args):
+        with no_gradients(), xla_tracing() if self.xla else contextlib.nullcontext():
+            return self.loop(*args)
 
 
 def _compiled_loop(model, settings, loop, xla=True):

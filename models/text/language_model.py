@@ -158,32 +158,55 @@ class TextLanguageModel(_TextModel):
         right-padded with 0, `1 <= P <= prompt_length + 1` (TensorFlow)."""
         return self.sequence_ids(text, lookup, end=False, words=self.prompt_length)
 
-    def _end_id(self):
+    @property
+    def end_id(self) -> int:
+        """The id of `end_token`: `generate`'s `end_id` for the token model."""
         return self.lookup.get_vocabulary().index(self.end_token)
 
-    def _suppress_ids(self):
+    @property
+    def suppress_ids(self) -> tuple:
+        """The ids of `suppress_tokens`: `generate`'s `suppress_ids` for the token model.
+
+        `keras_attn.models.generate(text_model.language_model, text_model.prompt_ids(texts),
+        text_model.max_length, text_model.end_id, suppress_ids=text_model.suppress_ids)` is
+        `continue_ids(texts)`: without `suppress_ids` the token model may generate `[UNK]`.
+        """
         vocabulary = self.lookup.get_vocabulary()
         return tuple(vocabulary.index(token) for token in self.suppress_tokens)
 
-    def continue_ids(self, text, **generation) -> np.ndarray:
+    def _length(self, max_length):
+        """`max_length` checked against the model's (None: the model's)."""
+        if max_length is None:
+            return self.max_length
+        if not _positive(max_length) or max_length > self.max_length:
+            raise ValueError(
+                f"`max_length` must be an integer in [1, {self.max_length}] (the text model's "
+                f"`max_length`). Received: max_length={max_length!r}"
+            )
+        return int(max_length)
+
+    def continue_ids(self, text, max_length: int | None = None, **generation) -> np.ndarray:
         """The new tokens after each prompt: int32 `(B, max_length)`, 0 after the end token.
 
         Args:
             text: prompts `(B,)`.
+            max_length: the most new tokens, at most the text model's `max_length` (None:
+                that).
             **generation: `sampler` (`"greedy"`, `"sample"`, `"beam"`), `temperature`,
-                `top_k`, `top_p`, `seed`, `jit_compile` (here False unless given),
-                `suppress_ids` (here the ids of `suppress_tokens` unless given) ... of
-                `keras_attn.models.generate`.
+                `top_k`, `top_p`, `seed`, `repetition_penalty`, `no_repeat_ngram_size`,
+                `jit_compile` (here False unless given), `suppress_ids` (here the ids of
+                `suppress_tokens` unless given) ... of `keras_attn.models.generate`.
         """
         from keras_attn.models.lm_generation import generate
 
+        max_length = self._length(max_length)
         prompts = np.asarray(self.prompt_ids(text))
         if not len(prompts):  # no prompts, no continuations
-            return np.zeros((0, self.max_length), "int32")
+            return np.zeros((0, max_length), "int32")
         # Eager by default: compiling the loop (XLA) takes longer than a few prompts' decoding.
         generation.setdefault("jit_compile", False)
-        generation.setdefault("suppress_ids", self._suppress_ids())
-        return generate(self.language_model, prompts, self.max_length, self._end_id(), **generation)
+        generation.setdefault("suppress_ids", self.suppress_ids)
+        return generate(self.language_model, prompts, max_length, self.end_id, **generation)
 
     def predict_text(self, text, **generation) -> list:
         """Continues a batch of prompts: one string per prompt, its new words up to the end.
@@ -201,7 +224,7 @@ class TextLanguageModel(_TextModel):
         vocabulary = tf.constant(self.lookup.get_vocabulary())
         return [t.decode("utf-8") for t in _join_words(tokens, vocabulary, self.end_token).numpy()]
 
-    def stream_text(self, text, **generation) -> Iterator[list]:
+    def stream_text(self, text, max_length: int | None = None, **generation) -> Iterator[list]:
         """Continues a batch of prompts word by word, as the words are made.
 
         `keras_attn.models.generate(..., stream=True)`: the same tokens as `continue_ids`
@@ -210,6 +233,7 @@ class TextLanguageModel(_TextModel):
 
         Args:
             text: strings `(B,)`.
+            max_length: as in `continue_ids`.
             **generation: as in `continue_ids` (greedy or `sampler="sample"`).
 
         Yields:
@@ -223,15 +247,16 @@ class TextLanguageModel(_TextModel):
         """
         from keras_attn.models.lm_generation import generate
 
+        max_length = self._length(max_length)
         prompts = np.asarray(self.prompt_ids(text))
         if not len(prompts):  # no prompts, no words
             return
         generation.setdefault("jit_compile", False)
-        generation.setdefault("suppress_ids", self._suppress_ids())
-        vocabulary, end_id = self.lookup.get_vocabulary(), self._end_id()
+        generation.setdefault("suppress_ids", self.suppress_ids)
+        vocabulary, end_id = self.lookup.get_vocabulary(), self.end_id
         ended = np.zeros(len(prompts), bool)
         steps = generate(
-            self.language_model, prompts, self.max_length, end_id, stream=True, **generation
+            self.language_model, prompts, max_length, end_id, stream=True, **generation
         )
         for tokens in steps:
             ended |= tokens == end_id
@@ -282,7 +307,7 @@ class TextLanguageModel(_TextModel):
         from keras_attn.models.transformer_lm import LanguageModelSteps
 
         _check_export_backend()
-        model, end_id, suppress_ids = self.language_model, self._end_id(), self._suppress_ids()
+        model, end_id, suppress_ids = self.language_model, self.end_id, self.suppress_ids
         archive = keras.export.ExportArchive()
         archive.track(model)
 
@@ -345,7 +370,7 @@ class TextLanguageModel(_TextModel):
         from keras_attn.models.decoding import _ruled_out
         from keras_attn.models.transformer_lm import LanguageModelState, LanguageModelSteps
 
-        model, suppress_ids, max_length = self.language_model, self._suppress_ids(), self.max_length
+        model, suppress_ids, max_length = self.language_model, self.suppress_ids, self.max_length
 
         def outputs(logits, state, index):
             stacked = [c.to_stacked() for c in state.caches]  # L of (B, 2, S, g, d)

@@ -273,6 +273,9 @@ def test_cache_errors():
     cache = layer.empty_cache(2, 7)
     with pytest.raises(TypeError, match="`cache` must be a keras_attn.KVCache"):
         layer(X, X, cache=cache[0], cache_update_index=0)
+    stacked = keras.ops.stack([cache.key, cache.value], axis=1)  # keras-hub's form
+    with pytest.raises(TypeError, match="stacked cache tensor: the TransformerDecoder"):
+        layer(X, X, cache=stacked, cache_update_index=0)
     with pytest.raises(ValueError, match="pass no `value`"):
         layer(X, X, cache=cache)
     with pytest.raises(ValueError, match="`value` is required"):

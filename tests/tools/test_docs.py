@@ -62,7 +62,7 @@ def test_readme_cached_decoding_runs_and_matches_the_full_pass():
 
 def test_readme_zoo_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    (snippet,) = [b for b in blocks if "from keras_attn import models" in b]
+    (snippet,) = [b for b in blocks if "clf = models.transformer_classifier(" in b]
     namespace = {}
     exec(compile(snippet, "README zoo", "exec"), namespace)
     assert sorted(namespace["order"][0].tolist()) == [0, 1, 2, 3, 4]

@@ -277,3 +277,35 @@ def test_predict_names_a_bad_sampling_flag(tmp_path, capsys):
         status = cli.main(["predict", "transformer-lm", "a", *flags, "--runs-dir", str(tmp_path)])
         err = capsys.readouterr().err
         assert status == 2 and named in err and flags[1] in err, err
+
+
+@pytest.mark.tensorflow_only
+def test_predict_takes_the_repetition_controls_and_max_length(language_model, tmp_path, capsys):
+    """`--repetition-penalty`, `--no-repeat-ngram-size` and `--max-length` are
+    `predict_text`'s settings (one-shot and streamed); a shorter `max_length` is a prefix of
+    the greedy tokens; the run's own `max_length` bounds the flag."""
+    from keras_attn.models import cli
+
+    text_model, _ = language_model
+    text_model.save(tmp_path / "transformer-lm.keras")
+    runs = ["--runs-dir", str(tmp_path)]
+    full = text_model.continue_ids(PROMPTS)
+    np.testing.assert_array_equal(text_model.continue_ids(PROMPTS, max_length=3), full[:, :3])
+    flags = ["--repetition-penalty", "1.5", "--no-repeat-ngram-size", "2", "--max-length", "4"]
+    settings = dict(repetition_penalty=1.5, no_repeat_ngram_size=2, max_length=4)
+    expected = text_model.predict_text(PROMPTS[:3], **settings)
+    assert expected != text_model.predict_text(PROMPTS[:3])  # the settings act
+    for stream in ([], ["--stream"]):
+        assert cli.main(["predict", "transformer-lm", *PROMPTS[:3], *flags, *stream, *runs]) == 0
+        assert capsys.readouterr().out.split("\n") == [*expected, ""], stream
+    for flags, named, received in [
+        (["--repetition-penalty", "0"], "--repetition-penalty", "0.0"),
+        (["--no-repeat-ngram-size", "-1"], "--no-repeat-ngram-size", "-1"),
+        (["--max-length", "0"], "--max-length", "0"),
+        (["--max-length", str(MAX_LENGTH + 1)], "--max-length", str(MAX_LENGTH + 1)),
+    ]:
+        status = cli.main(["predict", "transformer-lm", "a", *flags, *runs])
+        err = capsys.readouterr().err
+        assert status == 2 and named in err and received in err, err
+    with pytest.raises(ValueError, match="max_length"):
+        text_model.continue_ids(PROMPTS, max_length=MAX_LENGTH + 1)
