@@ -73,7 +73,8 @@ BLOCK_ARGS = """
         The Llama family's options (defaults: today's GPT-2 / BERT block):
 
         normalization: `"layer_norm"` (`keras.layers.LayerNormalization`) or
-            `"rms_norm"`: `keras.layers.RMSNormalization`,
+            `"rms_norm"`: `keras.layers.RMSNormalization` (a subclass that
+            passes the mask on, `keras_attn.transformer_block.MaskedRMSNormalization`),
             `x * rsqrt(mean(x^2) + layer_norm_epsilon) * scale`, no bias, as
             Llama's `LlamaRMSNorm` (the epsilon inside the square root, the
             mean over the features).
@@ -103,12 +104,24 @@ def _check_choice(name, value, choices):
     return value
 
 
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MaskedRMSNormalization(keras.layers.RMSNormalization):
+    """Keras' `RMSNormalization` passing its input's mask on, as `LayerNormalization` does.
+
+    `x * rsqrt(mean(x^2) + epsilon) * scale` over the last axis, Llama's
+    `LlamaRMSNorm`. Keras' own layer drops the mask (with a warning), so a
+    model's final norm after masked blocks, reloaded, would warn at each call.
+    """
+
+    def __init__(self, axis=-1, epsilon=1e-6, **kwargs):
+        super().__init__(axis=axis, epsilon=epsilon, **kwargs)
+        self.supports_masking = True
+
+
 def normalization_layer(normalization, epsilon, name, dtype=None):
     """The norm a block (or a model around blocks) uses: `"layer_norm"` or `"rms_norm"`."""
     if normalization == "rms_norm":
-        norm = keras.layers.RMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
-        norm.supports_masking = True  # a block's output mask passes through, as LayerNorm's
-        return norm
+        return MaskedRMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
     return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
 
 
