@@ -268,7 +268,7 @@ def test_qwen2_encoder_layer_checks(tmp_path):
             use_bias=False,
             qkv_bias=True,
             dropout=0.1,
-        ),  # fmt: skip
+        ),
         {"inputs": x},
         tmp_path=tmp_path,
         masks={"padding_mask": MASK[:, 1:]},
@@ -288,23 +288,32 @@ def test_the_weights_each_option_makes():
     )
     llama(x)
     assert _paths(llama) == [
-        "self_attention/query/kernel", "self_attention/key/kernel", "self_attention/value/kernel",
-        "self_attention/attention_output/kernel", "self_attention_layer_norm/scale",
-        "feedforward_intermediate_dense/kernel", "feedforward_gate_dense/kernel",
-        "feedforward_output_dense/kernel", "feedforward_layer_norm/scale",
-    ]  # fmt: skip
+        "self_attention/query/kernel",
+        "self_attention/key/kernel",
+        "self_attention/value/kernel",
+        "self_attention/attention_output/kernel",
+        "self_attention_layer_norm/scale",
+        "feedforward_intermediate_dense/kernel",
+        "feedforward_gate_dense/kernel",
+        "feedforward_output_dense/kernel",
+        "feedforward_layer_norm/scale",
+    ]
     qwen2 = keras_attn.TransformerDecoder(16, 2, use_bias=False, qkv_bias=True)
     qwen2(x)
     assert [p for p in _paths(qwen2) if p.endswith(("bias", "beta"))] == [
-        "self_attention/query/bias", "self_attention/key/bias", "self_attention/value/bias",
-        "self_attention_layer_norm/beta", "feedforward_layer_norm/beta",
-    ]  # fmt: skip
+        "self_attention/query/bias",
+        "self_attention/key/bias",
+        "self_attention/value/bias",
+        "self_attention_layer_norm/beta",
+        "feedforward_layer_norm/beta",
+    ]
     no_qkv = keras_attn.TransformerEncoder(16, 2, qkv_bias=False)  # only the output's and FFN's
     no_qkv(x)
     assert [p for p in _paths(no_qkv) if p.endswith("/bias")] == [
-        "self_attention_layer/attention_output/bias", "feedforward_intermediate_dense/bias",
+        "self_attention_layer/attention_output/bias",
+        "feedforward_intermediate_dense/bias",
         "feedforward_output_dense/bias",
-    ]  # fmt: skip
+    ]
 
 
 def test_defaults_and_configs_written_before_the_options():
@@ -312,17 +321,30 @@ def test_defaults_and_configs_written_before_the_options():
     block = keras_attn.TransformerDecoder(16, 2)
     block(np.zeros((1, 3, 8), "float32"))
     assert _paths(block) == [
-        "self_attention/query/kernel", "self_attention/query/bias", "self_attention/key/kernel",
-        "self_attention/key/bias", "self_attention/value/kernel", "self_attention/value/bias",
-        "self_attention/attention_output/kernel", "self_attention/attention_output/bias",
-        "self_attention_layer_norm/gamma", "self_attention_layer_norm/beta",
-        "feedforward_intermediate_dense/kernel", "feedforward_intermediate_dense/bias",
-        "feedforward_output_dense/kernel", "feedforward_output_dense/bias",
-        "feedforward_layer_norm/gamma", "feedforward_layer_norm/beta",
-    ]  # fmt: skip
+        "self_attention/query/kernel",
+        "self_attention/query/bias",
+        "self_attention/key/kernel",
+        "self_attention/key/bias",
+        "self_attention/value/kernel",
+        "self_attention/value/bias",
+        "self_attention/attention_output/kernel",
+        "self_attention/attention_output/bias",
+        "self_attention_layer_norm/gamma",
+        "self_attention_layer_norm/beta",
+        "feedforward_intermediate_dense/kernel",
+        "feedforward_intermediate_dense/bias",
+        "feedforward_output_dense/kernel",
+        "feedforward_output_dense/bias",
+        "feedforward_layer_norm/gamma",
+        "feedforward_layer_norm/beta",
+    ]
     config = block.get_config()
-    new = {"normalization": "layer_norm", "feedforward": "dense", "use_bias": True,
-           "qkv_bias": None}  # fmt: skip
+    new = {
+        "normalization": "layer_norm",
+        "feedforward": "dense",
+        "use_bias": True,
+        "qkv_bias": None,
+    }
     assert {k: config[k] for k in new} == new
     old = {k: v for k, v in config.items() if k not in new}
     assert keras_attn.TransformerDecoder.from_config(old).get_config() == config
@@ -362,8 +384,12 @@ def test_mistral_sliding_window_is_transformers_window():
 
     def hf(function):
         index = torch.tensor
-        return np.array([[bool(function(index(0), index(0), index(i), index(j)))
-                          for j in range(length)] for i in range(length)])  # fmt: skip
+        return np.array(
+            [
+                [bool(function(index(0), index(0), index(i), index(j))) for j in range(length)]
+                for i in range(length)
+            ]
+        )
 
     causal = hf(masking_utils.sliding_window_causal_mask_function(window))
     np.testing.assert_array_equal(seen(True, window), causal)

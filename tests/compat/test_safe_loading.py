@@ -150,7 +150,7 @@ CASES = {
             rope_scaling={"rope_type": "llama3", "scaling_factor": 4.0},
         ),
         {"tokens": _tokens(2, 8, 20)},
-    ),  # fmt: skip
+    ),
     "transformer_seq2seq": lambda: (
         zoo.transformer_seq2seq(15, 15, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16),
         _seq2seq_inputs(),

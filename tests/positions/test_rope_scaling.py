@@ -13,8 +13,12 @@ from keras_attn.rotary import RotaryEmbedding, llama3_inverse_frequencies
 from layer_checks import check_layer
 
 rng = np.random.default_rng(3)
-LLAMA31 = dict(scaling_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-               original_max_position_embeddings=8192)  # fmt: skip
+LLAMA31 = dict(
+    scaling_factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
 
 
 def np_(x):
@@ -59,8 +63,9 @@ def test_llama3_frequencies_are_metas(depth, theta):
 @pytest.mark.parametrize("start", [0, 5])
 def test_llama3_rotation_matches_numpy(start):
     x = rng.normal(size=(2, 6, 3, 16)).astype("float32")
-    layer = RotaryEmbedding(500, rope_type="llama3", scaling_factor=4.0,
-                            original_max_position_embeddings=64)  # fmt: skip
+    layer = RotaryEmbedding(
+        500, rope_type="llama3", scaling_factor=4.0, original_max_position_embeddings=64
+    )
     frequencies = meta_apply_scaling(500.0 ** -(np.arange(0, 16, 2) / 16), 4.0, 1.0, 4.0, 64)
     expected = np_rotate_half(x, range(start, start + 6), frequencies)
     np.testing.assert_allclose(np_(layer(x, start_index=start)), expected, atol=1e-5)
@@ -84,7 +89,7 @@ def test_llama3_check_layer(tmp_path):
             rope_type="llama3",
             scaling_factor=4.0,
             original_max_position_embeddings=32,
-        ),  # fmt: skip
+        ),
         {"inputs": rng.normal(size=(2, 5, 2, 8)).astype("float32")},
         call_kwargs={"start_index": 3},
         expect_trainable=False,
@@ -122,8 +127,9 @@ def test_frequencies_equal_transformers(rope_type):
 
     parameters = {"rope_type": rope_type, "factor": 8.0, "rope_theta": 500000.0}
     if rope_type == "llama3":
-        parameters.update(low_freq_factor=1.0, high_freq_factor=4.0,
-                          original_max_position_embeddings=8192)  # fmt: skip
+        parameters.update(
+            low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+        )
     config = transformers.LlamaConfig(
         hidden_size=512, num_attention_heads=4, rope_parameters=parameters
     )

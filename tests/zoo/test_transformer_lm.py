@@ -51,7 +51,7 @@ VARIANTS = {
             "scaling_factor": 4.0,
             "original_max_position_embeddings": 16,
         },
-    ),  # fmt: skip
+    ),
     "qwen2_window": dict(**LLAMA, position="rotary", qkv_bias=True, sliding_window=3),
 }
 

@@ -36,10 +36,16 @@ def _hf_model(family, **config):
     }
     config_class, model_class = classes[family]
     config = config_class(
-        vocab_size=VOCAB, hidden_size=D, intermediate_size=FF, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, rms_norm_eps=RMS_EPS,
-        attn_implementation="eager", **config,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=D,
+        intermediate_size=FF,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        rms_norm_eps=RMS_EPS,
+        attn_implementation="eager",
+        **config,
+    )
     torch.manual_seed(0)
     model = model_class(config).eval()
     with torch.no_grad():  # random weights everywhere, norms near 1, biases too
@@ -59,8 +65,11 @@ def _copy_weights(hf, model):
     for i in range(LAYERS):
         prefix, block = f"model.layers.{i}.", model.get_layer(f"decoder_block_{i}")
         attention = block._self_attention_layer
-        for ours, theirs in (("_query_dense", "q_proj"), ("_key_dense", "k_proj"),
-                             ("_value_dense", "v_proj")):  # fmt: skip
+        for ours, theirs in (
+            ("_query_dense", "q_proj"),
+            ("_key_dense", "k_proj"),
+            ("_value_dense", "v_proj"),
+        ):
             dense = getattr(attention, ours)
             kernel = state[f"{prefix}self_attn.{theirs}.weight"].T  # (d, n * k)
             dense.kernel.assign(kernel.reshape(D, -1, head_dim))
@@ -68,8 +77,11 @@ def _copy_weights(hf, model):
                 dense.bias.assign(state[f"{prefix}self_attn.{theirs}.bias"].reshape(-1, head_dim))
         output = state[f"{prefix}self_attn.o_proj.weight"].T  # (h * k, d)
         attention._output_dense.kernel.assign(output.reshape(heads, head_dim, D))
-        for ours, theirs in (("gate", "gate_proj"), ("intermediate", "up_proj"),
-                             ("output", "down_proj")):  # fmt: skip
+        for ours, theirs in (
+            ("gate", "gate_proj"),
+            ("intermediate", "up_proj"),
+            ("output", "down_proj"),
+        ):
             dense = getattr(block, f"_feedforward_{ours}_dense")
             dense.kernel.assign(state[f"{prefix}mlp.{theirs}.weight"].T)
         block._self_attention_layer_norm.scale.assign(state[f"{prefix}input_layernorm.weight"])
@@ -81,11 +93,22 @@ def _copy_weights(hf, model):
 
 def _ours(**options):
     return transformer_lm(
-        VOCAB, num_layers=LAYERS, num_heads=HEADS, d_model=D, intermediate_dim=FF,
-        num_key_value_heads=KV_HEADS, position="rotary", dropout=0.0, activation="silu",
-        layer_norm_epsilon=RMS_EPS, normalize_first=True, normalization="rms_norm",
-        feedforward="gated", use_bias=False, **options,
-    )  # fmt: skip
+        VOCAB,
+        num_layers=LAYERS,
+        num_heads=HEADS,
+        d_model=D,
+        intermediate_dim=FF,
+        num_key_value_heads=KV_HEADS,
+        position="rotary",
+        dropout=0.0,
+        activation="silu",
+        layer_norm_epsilon=RMS_EPS,
+        normalize_first=True,
+        normalization="rms_norm",
+        feedforward="gated",
+        use_bias=False,
+        **options,
+    )
 
 
 # Token 0 is the zoo's padding: real tokens 1..V-1; the second row right-padded (masked in
@@ -107,12 +130,14 @@ def _compare(hf, model):
 
 def test_llama3_logits_equal_transformers():
     """Llama 3.1: RMS norm, SwiGLU, no biases, GQA, llama3 rope scaling, an untied head."""
-    rope = dict(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                original_max_position_embeddings=64)  # fmt: skip
+    rope = dict(
+        factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+    )
     hf = _hf_model(
-        "llama", tie_word_embeddings=False,
+        "llama",
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "llama3", "rope_theta": 5000.0, **rope},
-    )  # fmt: skip
+    )
     # With head_dim 8 the wavelengths are 2 pi (1, 8.4, 71, 595): one kept (< 64 / 4), one
     # interpolated, two divided by the factor (> 64 / 1).
     rope["scaling_factor"] = rope.pop("factor")
@@ -129,9 +154,10 @@ def test_llama3_logits_equal_transformers():
 
 def test_llama_linear_rope_scaling_equals_transformers():
     hf = _hf_model(
-        "llama", tie_word_embeddings=False,
+        "llama",
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
-    )  # fmt: skip
+    )
     model = _ours(tie_weights=False, rope_scaling={"scaling_factor": 2.0})
     _copy_weights(hf, model)
     _compare(hf, model)
@@ -161,10 +187,21 @@ def test_mistral_sliding_window_logits_equal_transformers():
 def _llama_lm(**options):
     keras.utils.set_random_seed(0)
     rope = {"rope_type": "llama3", "scaling_factor": 4.0, "original_max_position_embeddings": 16}
-    kwargs = dict(num_layers=2, num_heads=4, d_model=16, intermediate_dim=32,
-                  num_key_value_heads=2, position="rotary", dropout=0.0, activation="silu",
-                  tie_weights=False, normalization="rms_norm", feedforward="gated",
-                  use_bias=False, rope_scaling=rope)  # fmt: skip
+    kwargs = dict(
+        num_layers=2,
+        num_heads=4,
+        d_model=16,
+        intermediate_dim=32,
+        num_key_value_heads=2,
+        position="rotary",
+        dropout=0.0,
+        activation="silu",
+        tie_weights=False,
+        normalization="rms_norm",
+        feedforward="gated",
+        use_bias=False,
+        rope_scaling=rope,
+    )
     kwargs.update(options)
     return transformer_lm(23, **kwargs)
 
