@@ -145,6 +145,10 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
             weights or active dropout; `"backend"` is `flash_attention=True`).
         position_bias: `None`, or a `keras_attn.PositionBias` layer (e.g.
             `keras_attn.AlibiBias`) added to the scores on every path.
+        qkv_bias: whether the query, key and value projections have biases;
+            `None` (default) means `use_bias`. `use_bias=False, qkv_bias=True`
+            is Qwen2's attention: biased q, k, v, an output projection
+            without bias.
 
     Call arguments:
         query: `(B, Tq, dq)`, `(B, dq)` or `(B, a_1, ..., a_n, dq)`.
@@ -230,6 +234,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         rotary_embedding: keras.layers.Layer | None = None,
         implementation: str = "auto",
         position_bias: keras.layers.Layer | None = None,
+        qkv_bias: bool | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -238,6 +243,9 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         self.value_dim = check_positive_int("value_dim", value_dim, allow_none=True) or self.key_dim
         self.dropout = check_rate("dropout", dropout)
         self.use_bias = bool(use_bias)
+        if qkv_bias is not None and not isinstance(qkv_bias, bool):
+            raise TypeError(f"`qkv_bias` must be None or a bool. Received: qkv_bias={qkv_bias!r}")
+        self.qkv_bias = qkv_bias
         # Stored private, as Keras does: a public `output_shape` would clash in model summaries.
         self._output_shape = check_output_shape(output_shape)
         self.attention_axes = check_attention_axes(attention_axes)
@@ -291,11 +299,14 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
     output_dense = property(lambda self: self._output_dense)
 
     def _einsum_dense(self, equation, output_shape, bias_axes, name, activation=None):
+        use_bias = self.use_bias
+        if name in ("query", "key", "value") and self.qkv_bias is not None:
+            use_bias = self.qkv_bias
         layer = MatmulEinsumDense(
             equation,
             contract_axes=2 if name == "attention_output" else 1,
             output_shape=output_shape,
-            bias_axes=bias_axes if self.use_bias else None,
+            bias_axes=bias_axes if use_bias else None,
             activation=activation,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
@@ -410,6 +421,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 "rotary_embedding": serialize_optional_layer(self.rotary_embedding),
                 "implementation": self.implementation,
                 "position_bias": serialize_optional_layer(self.position_bias),
+                "qkv_bias": self.qkv_bias,
             }
         )
         return config

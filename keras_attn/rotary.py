@@ -1,6 +1,10 @@
-"""Rotary position embedding (RoPE): keras-hub's arguments, two channel layouts."""
+"""Rotary position embedding (RoPE): keras-hub's arguments, two channel layouts, Llama 3's
+frequency scaling."""
+
+import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
@@ -14,6 +18,38 @@ from keras_attn.positional import (
 )
 
 LAYOUTS = ("half", "interleaved")
+ROPE_TYPES = ("linear", "llama3")
+
+
+def llama3_inverse_frequencies(
+    max_wavelength,
+    depth,
+    factor,
+    low_freq_factor,
+    high_freq_factor,
+    original_max_position_embeddings,
+):
+    """Llama 3's scaled `theta_j`, float64 NumPy `(depth // 2,)`.
+
+    transformers' `_compute_llama3_parameters` (modeling_rope_utils.py), step
+    for step: wavelengths `2 pi / theta_j` shorter than
+    `original_max_position_embeddings / high_freq_factor` are kept, longer than
+    `original_max_position_embeddings / low_freq_factor` divided by `factor`,
+    and those between interpolated with
+    `s = (original_max_position_embeddings / wavelength - low_freq_factor) /
+    (high_freq_factor - low_freq_factor)`: `(1 - s) theta_j / factor + s theta_j`.
+    """
+    theta = np.power(float(max_wavelength), -np.arange(0, depth, 2, dtype="float64") / depth)
+    low_freq_wavelength = original_max_position_embeddings / low_freq_factor
+    high_freq_wavelength = original_max_position_embeddings / high_freq_factor
+    wavelength = 2 * math.pi / theta
+    scaled = np.where(wavelength > low_freq_wavelength, theta / factor, theta)
+    smooth = (original_max_position_embeddings / wavelength - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelength < high_freq_wavelength) & ~(wavelength > low_freq_wavelength)
+    return np.where(medium, smoothed, scaled)
 
 
 def _check_axis(name, value):
@@ -71,6 +107,16 @@ class RotaryEmbedding(PositionLayer):
         y_a = x_a cos(m theta_j) - x_b sin(m theta_j)
         y_b = x_b cos(m theta_j) + x_a sin(m theta_j)
 
+    `max_wavelength` is Hugging Face's `rope_theta`. Scaling (`rope_type`):
+    `"linear"` (default; Hugging Face's `"linear"`, keras-hub's default)
+    divides the positions by `scaling_factor`; `"llama3"` (Llama 3.1 and
+    later) leaves the positions and scales the frequencies instead, with
+    `scaling_factor` as Llama 3's `factor` (`keras_attn.rotary.
+    llama3_inverse_frequencies`): high frequencies (wavelengths under
+    `original_max_position_embeddings / high_freq_factor`) are kept, low ones
+    (over `original_max_position_embeddings / low_freq_factor`) divided by
+    `scaling_factor`, those between interpolated smoothly.
+
     so that `<R(m) q, R(n) k>` depends on `m - n` only. The layout says which
     channels pair up: `"half"` pairs `(x_j, x_{j + d/2})`, the two halves
     (keras-hub, Llama, GPT-NeoX and most checkpoints); `"interleaved"` pairs
@@ -86,6 +132,11 @@ class RotaryEmbedding(PositionLayer):
         sequence_axis: the axis of `inputs` that holds the positions.
         feature_axis: the axis of `inputs` whose channels are rotated.
         layout: `"half"` or `"interleaved"` (which channels pair up, above).
+        rope_type: `"linear"` or `"llama3"` (the scaling, above).
+        low_freq_factor, high_freq_factor, original_max_position_embeddings:
+            Llama 3's (with `rope_type="llama3"`; Llama 3.1's values by
+            default: 1, 4, 8192). `high_freq_factor` must exceed
+            `low_freq_factor`.
         **kwargs: base `keras.layers.Layer` arguments.
 
     Call arguments:
@@ -109,9 +160,20 @@ class RotaryEmbedding(PositionLayer):
     [[[ 0.5403  0.8415]
       [-0.8415  0.5403]]]
 
+    Llama 3.1's scaling (frequencies of wavelengths beyond 8192 / 1 divided by 8):
+
+    >>> rope = keras_attn.RotaryEmbedding(500000, scaling_factor=8.0, rope_type="llama3")
+    >>> print(rope(q).shape)
+    (2, 10, 4, 16)
+
     Reference:
         Su et al., 2021, "RoFormer: Enhanced Transformer with Rotary Position
-        Embedding", https://arxiv.org/abs/2104.09864
+        Embedding", https://arxiv.org/abs/2104.09864; Chen et al., 2023,
+        "Extending Context Window of Large Language Models via Positional
+        Interpolation" (linear), https://arxiv.org/abs/2306.15595; Llama 3's
+        scaling: Meta's `apply_scaling` in llama-models and transformers'
+        `_compute_llama3_parameters`
+        (src/transformers/modeling_rope_utils.py).
     """
 
     def __init__(
@@ -121,6 +183,11 @@ class RotaryEmbedding(PositionLayer):
         sequence_axis: int = 1,
         feature_axis: int = -1,
         layout: str = "half",
+        *,
+        rope_type: str = "linear",
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        original_max_position_embeddings: int = 8192,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -136,6 +203,21 @@ class RotaryEmbedding(PositionLayer):
         if layout not in LAYOUTS:
             raise ValueError(f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}")
         self.layout = layout
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"`rope_type` must be one of {ROPE_TYPES}. Received: rope_type={rope_type!r}"
+            )
+        self.rope_type = rope_type
+        self.low_freq_factor = check_positive_number("low_freq_factor", low_freq_factor)
+        self.high_freq_factor = check_positive_number("high_freq_factor", high_freq_factor)
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                "`high_freq_factor` must be greater than `low_freq_factor`. Received: "
+                f"low_freq_factor={low_freq_factor}, high_freq_factor={high_freq_factor}"
+            )
+        self.original_max_position_embeddings = check_positive_number(
+            "original_max_position_embeddings", original_max_position_embeddings
+        )
 
     def _axes(self, shape):
         """`(sequence_axis, feature_axis)` as non-negative axes of `shape`, checked."""
@@ -184,8 +266,10 @@ class RotaryEmbedding(PositionLayer):
             positions = step_positions(ops.shape(x)[1], start_index)  # (T,)
         else:
             positions = check_positions(positions, x.shape[1], start_index)
-        positions = ops.cast(positions, "float32") / self.scaling_factor
-        angles = ops.expand_dims(positions, -1) * inverse_frequencies(self.max_wavelength, depth)
+        positions = ops.cast(positions, "float32")
+        if self.rope_type == "linear":
+            positions = positions / self.scaling_factor
+        angles = ops.expand_dims(positions, -1) * self._frequencies(depth)
         if len(angles.shape) == 2:
             angles = ops.expand_dims(angles, 0)  # (1, T, d/2)
         for _ in range(len(x.shape) - 3):
@@ -201,6 +285,16 @@ class RotaryEmbedding(PositionLayer):
         rotated = ops.moveaxis(rotated, (1, -1), (sequence_axis, feature_axis))
         return ops.cast(rotated, inputs.dtype)
 
+    def _frequencies(self, depth):
+        """float32 `(d/2,)`: what a position multiplies (`theta_j`; Llama 3's, scaled)."""
+        if self.rope_type == "llama3":
+            frequencies = llama3_inverse_frequencies(
+                self.max_wavelength, depth, self.scaling_factor, self.low_freq_factor,
+                self.high_freq_factor, self.original_max_position_embeddings,
+            )  # fmt: skip
+            return ops.convert_to_tensor(frequencies, "float32")
+        return inverse_frequencies(self.max_wavelength, depth)
+
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -209,5 +303,9 @@ class RotaryEmbedding(PositionLayer):
             sequence_axis=self.sequence_axis,
             feature_axis=self.feature_axis,
             layout=self.layout,
+            rope_type=self.rope_type,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
+            original_max_position_embeddings=self.original_max_position_embeddings,
         )
         return config

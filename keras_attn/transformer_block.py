@@ -64,9 +64,65 @@ BLOCK_ARGS = """
             `MultiHeadAttention`).
         sliding_window: `None`, or a positive int: the self-attention sees
             keys within `sliding_window - 1` positions (with the causal mask
-            of a decoder: the last `sliding_window` positions).
+            of a decoder: the last `sliding_window` positions, as Mistral's
+            `sliding_window` in transformers: key `j` seen by query `i` when
+            `i - sliding_window < j <= i`; transformers' bidirectional windows
+            are inclusive, `|i - j| <= w`: ours `w + 1`).
         seed: dropout seed.
+
+        The Llama family's options (defaults: today's GPT-2 / BERT block):
+
+        normalization: `"layer_norm"` (`keras.layers.LayerNormalization`) or
+            `"rms_norm"`: `keras.layers.RMSNormalization` (a subclass that
+            passes the mask on, `keras_attn.transformer_block.MaskedRMSNormalization`),
+            `x * rsqrt(mean(x^2) + layer_norm_epsilon) * scale`, no bias, as
+            Llama's `LlamaRMSNorm` (the epsilon inside the square root, the
+            mean over the features).
+        feedforward: `"dense"`, `act(x W_1 + b_1) W_2 + b_2`, or `"gated"`:
+            `(act(x W_gate) * (x W_up)) W_down` (GLU variants; SwiGLU with
+            `activation="silu"` as Llama, GeGLU with `"gelu"`). The gated
+            network has three kernels: `feedforward_gate_dense` (`W_gate`,
+            with the activation), `feedforward_intermediate_dense` (`W_up`)
+            and `feedforward_output_dense` (`W_down`), keras-hub's Llama names.
+        use_bias: whether the projections have biases: the attention's query,
+            key, value and output projections and the feed-forward kernels
+            (`False`: Llama, Mistral). The norms are not projections: a layer
+            norm keeps its bias, an RMS norm has none.
+        qkv_bias: whether the attention's query, key and value projections have
+            biases; `None` (default) means `use_bias`. Qwen2:
+            `use_bias=False, qkv_bias=True`.
 """
+
+
+NORMALIZATIONS = ("layer_norm", "rms_norm")
+FEEDFORWARDS = ("dense", "gated")
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {choices}. Received: {name}={value!r}")
+    return value
+
+
+@keras.saving.register_keras_serializable(package="keras_attn")
+class MaskedRMSNormalization(keras.layers.RMSNormalization):
+    """Keras' `RMSNormalization` passing its input's mask on, as `LayerNormalization` does.
+
+    `x * rsqrt(mean(x^2) + epsilon) * scale` over the last axis, Llama's
+    `LlamaRMSNorm`. Keras' own layer drops the mask (with a warning), so a
+    model's final norm after masked blocks, reloaded, would warn at each call.
+    """
+
+    def __init__(self, axis=-1, epsilon=1e-6, **kwargs):
+        super().__init__(axis=axis, epsilon=epsilon, **kwargs)
+        self.supports_masking = True
+
+
+def normalization_layer(normalization, epsilon, name, dtype=None):
+    """The norm a block (or a model around blocks) uses: `"layer_norm"` or `"rms_norm"`."""
+    if normalization == "rms_norm":
+        return MaskedRMSNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
 
 
 def implicit_mask(x):
@@ -112,6 +168,10 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         position_bias: PositionBias | None = None,
         sliding_window: int | None = None,
         seed: int | None = None,
+        normalization: str = "layer_norm",
+        feedforward: str = "dense",
+        use_bias: bool = True,
+        qkv_bias: bool | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -139,6 +199,14 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         self.position_bias = position_bias
         self.sliding_window = masks.check_window(sliding_window, "sliding_window")
         self.seed = seed
+        self.normalization = _check_choice("normalization", normalization, NORMALIZATIONS)
+        self.feedforward = _check_choice("feedforward", feedforward, FEEDFORWARDS)
+        if not isinstance(use_bias, bool):
+            raise TypeError(f"`use_bias` must be a bool. Received: use_bias={use_bias!r}")
+        self.use_bias = use_bias
+        if qkv_bias is not None and not isinstance(qkv_bias, bool):
+            raise TypeError(f"`qkv_bias` must be None or a bool. Received: qkv_bias={qkv_bias!r}")
+        self.qkv_bias = qkv_bias
         self.supports_masking = True
 
     def _model_dim(self, shape, name, built_width=None):
@@ -206,10 +274,12 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
             key_dim=self.key_dim or width // self.num_heads,
             num_key_value_heads=self.num_key_value_heads,
             dropout=rate,
+            use_bias=self.use_bias,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             rotary_embedding=rotary_embedding,
             implementation=self.implementation,
+            qkv_bias=self.qkv_bias,
             **positions,
             seed=sublayer_seed(self.seed, self._SEEDS[seed_name]),
             dtype=self.dtype_policy,
@@ -217,8 +287,8 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         )
 
     def _layer_norm(self, shape, name):
-        norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        norm = normalization_layer(
+            self.normalization, self.layer_norm_epsilon, name, self.dtype_policy
         )
         norm.build(shape)
         return norm
@@ -235,6 +305,7 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         dense = MatmulDense(  # a Dense that a decoding loop can hoist the kernel of
             units,
             activation=activation,
+            use_bias=self.use_bias,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
@@ -259,12 +330,25 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
         self._self_attention_dropout = self._dropout("self_attention_dropout")
 
     def _build_feedforward(self, shape, norm_before_kernels):
-        """The feed-forward sublayers; `norm_before_kernels`: the encoder's weight order."""
+        """The feed-forward sublayers; `norm_before_kernels`: the encoder's weight order.
+
+        Gated: the up projection (`intermediate`, no activation), then the gate
+        (with it), as keras-hub's Llama decoder orders them.
+        """
         if norm_before_kernels:
             self._feedforward_layer_norm = self._layer_norm(shape, "feedforward_layer_norm")
+        gated = self.feedforward == "gated"
         self._feedforward_intermediate_dense = self._dense(
-            self.intermediate_dim, self.activation, "feedforward_intermediate_dense", shape
+            self.intermediate_dim,
+            None if gated else self.activation,
+            "feedforward_intermediate_dense",
+            shape,
         )
+        self._feedforward_gate_dense = None
+        if gated:
+            self._feedforward_gate_dense = self._dense(
+                self.intermediate_dim, self.activation, "feedforward_gate_dense", shape
+            )
         self._feedforward_output_dense = self._dense(
             shape[-1],
             None,
@@ -315,7 +399,10 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
 
     def _feedforward_residual(self, x, training):
         norm = self._feedforward_layer_norm
-        y = call_layer(self._feedforward_intermediate_dense, self._residual_input(x, norm))
+        h = self._residual_input(x, norm)
+        y = call_layer(self._feedforward_intermediate_dense, h)  # act(x W_1 + b_1), or x W_up
+        if self._feedforward_gate_dense is not None:
+            y = call_layer(self._feedforward_gate_dense, h) * y  # act(x W_gate) * x W_up
         y = call_layer(self._feedforward_output_dense, y)
         return self._residual(x, y, norm, self._feedforward_dropout, training)
 
@@ -342,6 +429,10 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
                 "position_bias": serialize_optional_layer(self.position_bias),
                 "sliding_window": self.sliding_window,
                 "seed": self.seed,
+                "normalization": self.normalization,
+                "feedforward": self.feedforward,
+                "use_bias": self.use_bias,
+                "qkv_bias": self.qkv_bias,
             }
         )
         return config

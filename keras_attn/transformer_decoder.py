@@ -19,7 +19,8 @@ class TransformerDecoder(TransformerBlock):
     `normalize_first`): `x = LN(x + MHA(x, x, causal))`,
     `x = LN(x + MHA(x, encoder))`, `y = LN(x + FFN(x))`. Built without an
     encoder sequence it has no cross-attention (a decoder-only, GPT-style
-    block).
+    block). With `normalization="rms_norm"`, `feedforward="gated"` and
+    `use_bias=False` it is a Llama decoder layer (below).
 
     A drop-in for `keras_hub.layers.TransformerDecoder`: the same constructor
     and call arguments in the same order, the same sublayer names and weight
@@ -97,9 +98,26 @@ class TransformerDecoder(TransformerBlock):
     >>> print(bool(keras.ops.max(keras.ops.abs(keras.ops.concatenate(steps, 1) - full)) < 1e-5))
     True
 
+    A Llama decoder layer (`LlamaDecoderLayer`: `x = x + Attn(RMS(x))`,
+    `y = x + W_down(silu(W_gate RMS(x)) * W_up RMS(x))`, no biases, rotary,
+    grouped-query):
+
+    >>> llama = keras_attn.TransformerDecoder(
+    ...     intermediate_dim=32, num_heads=4, num_key_value_heads=2, activation="silu",
+    ...     normalize_first=True, normalization="rms_norm", feedforward="gated",
+    ...     use_bias=False, rotary_embedding=keras_attn.RotaryEmbedding(500000))
+    >>> print(llama(dec).shape)
+    (2, 5, 16)
+
     Reference:
         Vaswani et al., 2017, "Attention Is All You Need",
-        https://arxiv.org/abs/1706.03762
+        https://arxiv.org/abs/1706.03762; Zhang and Sennrich, 2019, "Root
+        Mean Square Layer Normalization", https://arxiv.org/abs/1910.07467;
+        Shazeer, 2020, "GLU Variants Improve Transformer",
+        https://arxiv.org/abs/2002.05202; Touvron et al., 2023, "Llama 2",
+        https://arxiv.org/abs/2307.09288 (transformers' `modeling_llama.py`);
+        Yang et al., 2024, "Qwen2 Technical Report" (q/k/v biases),
+        https://arxiv.org/abs/2407.10671
     """
     )
 

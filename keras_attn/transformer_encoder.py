@@ -60,7 +60,11 @@ class TransformerEncoder(TransformerBlock):
         Vaswani et al., 2017, "Attention Is All You Need",
         https://arxiv.org/abs/1706.03762; Xiong et al., 2020, "On Layer
         Normalization in the Transformer Architecture" (pre-norm),
-        https://arxiv.org/abs/2002.04745
+        https://arxiv.org/abs/2002.04745; Zhang and Sennrich, 2019, "Root
+        Mean Square Layer Normalization" (`normalization="rms_norm"`),
+        https://arxiv.org/abs/1910.07467; Shazeer, 2020, "GLU Variants
+        Improve Transformer" (`feedforward="gated"`),
+        https://arxiv.org/abs/2002.05202
     """
     )
 

@@ -5,7 +5,8 @@ axis, `M` devices:
 
     attention      q, k, v (and gate) kernels (d, h, k) over the heads h (column-parallel);
                    the output kernel (h, k, d) over its input heads (row-parallel)
-    feed-forward   the intermediate kernel (d, f) over f, the output kernel (f, d) over f
+    feed-forward   the intermediate kernel (d, f) over f (and a gated one's gate kernel),
+                   the output kernel (f, d) over f
     embeddings     token and position tables (V, d) over the vocabulary V, else over d;
                    an untied output table (d, V) likewise; the Dense that gives a model
                    output (the logits) over its units, else over its input
@@ -52,8 +53,13 @@ _ATTENTION = (
     keras.layers.MultiHeadAttention,
     keras.layers.GroupQueryAttention,
 )
-# The feed-forward sublayers of our Transformer blocks (keras-hub's weight names).
-_FEEDFORWARD = ("feedforward_intermediate_dense", "feedforward_output_dense")
+# The feed-forward sublayers of our Transformer blocks (keras-hub's weight names): the
+# column-parallel ones (up, and a gated network's gate), then the row-parallel one.
+_FEEDFORWARD = (
+    "feedforward_intermediate_dense",
+    "feedforward_gate_dense",
+    "feedforward_output_dense",
+)
 
 
 def layout_map(
@@ -236,7 +242,7 @@ class _Split:
         elif isinstance(layer, (keras_attn.TransformerEncoder, keras_attn.TransformerDecoder)):
             for sub in _sublayers(layer):
                 if sub.name in _FEEDFORWARD:
-                    self._feedforward(sub, sub.name == _FEEDFORWARD[0])
+                    self._feedforward(sub, sub.name != _FEEDFORWARD[-1])
         elif isinstance(layer, keras_attn.FeedForward):
             self._feedforward(layer.intermediate_dense, True)
             self._feedforward(layer.output_dense, False)

@@ -13,8 +13,17 @@ from keras_attn.arguments import check_positive_int, check_rate
 from keras_attn.cache import RingKVCache
 from keras_attn.models.layers import TokenPositions
 from keras_attn.positional import static_array
+from keras_attn.transformer_block import normalization_layer
 
 POSITIONS = ("learned", "sinusoidal", "rotary", "alibi")
+# `rope_scaling`'s keys: `keras_attn.RotaryEmbedding`'s scaling arguments.
+ROPE_SCALING = (
+    "rope_type",
+    "scaling_factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+)
 _EMBEDDED = ("learned", "sinusoidal")  # added to the token embedding; the others act on scores
 
 
@@ -36,12 +45,28 @@ def transformer_lm(
     max_wavelength: float = 10000,
     implementation: str = "auto",
     name: str = "transformer_lm",
+    *,
+    normalization: str = "layer_norm",
+    feedforward: str = "dense",
+    use_bias: bool = True,
+    qkv_bias: bool | None = None,
+    rope_scaling: dict | None = None,
 ) -> keras.Model:
     """A decoder-only Transformer language model (GPT): next-token logits at every position.
 
         x = Dropout(E[tokens] + PE(positions))
         x = DecoderBlock_n(... DecoderBlock_1(x))      (causal self-attention only)
         logits = LN(x) E^T                              (tied; else a table of its own)
+
+    The Llama family is the same model with other options: `position="rotary"`,
+    `normalization="rms_norm"`, `feedforward="gated"`, `activation="silu"`,
+    `use_bias=False`, `tie_weights=False`, `dropout=0.0`, plus
+    `num_key_value_heads` (Llama 2 70B, Llama 3), `rope_scaling` (Llama 3.1),
+    `sliding_window` (Mistral) or `qkv_bias=True` (Qwen2):
+
+        x = E[tokens]
+        x = x + Attn(RMS(x)),  x = x + W_down(silu(W_gate RMS(x)) * W_up RMS(x))   (per block)
+        logits = RMS(x) W_out
 
     Row `t` of the output sees `tokens[:, :t + 1]` only, so with inputs
     `tokens[:, :-1]` and targets `tokens[:, 1:]` every position predicts the
@@ -92,11 +117,34 @@ def transformer_lm(
             `LayerNormalization` (GPT-2); `False`: post-norm blocks.
         tie_weights: the output projection is the token table transposed
             (`True`), or a table of its own.
-        max_wavelength: of the sinusoidal or rotary positions.
+        max_wavelength: of the sinusoidal or rotary positions (Hugging Face's
+            `rope_theta`).
         implementation: the attention kernel of every block, `"auto"`,
             `"dense"`, `"fused"` or `"chunked"` (long contexts in bounded
             memory; see `keras_attn.MultiHeadAttention`).
         name: the model's name.
+
+        The Llama family's options (keyword-only; the defaults give GPT-2's
+        model; see `keras_attn.TransformerDecoder` for each):
+
+        normalization: `"layer_norm"` or `"rms_norm"`: every block's norms
+            and the final norm (`layer_norm_epsilon` is the RMS norm's
+            epsilon too: Hugging Face's `rms_norm_eps`).
+        feedforward: `"dense"` or `"gated"` (`(act(x W_gate) * x W_up) W_down`).
+        use_bias: whether the attention and feed-forward projections have
+            biases (Llama, Mistral: `False`). The logits' projection (tied or
+            not) has none either way.
+        qkv_bias: whether the query, key and value projections have biases
+            (`None`: `use_bias`; Qwen2: `True` with `use_bias=False`).
+        rope_scaling: with `position="rotary"`, `None` or a dict of
+            `keras_attn.RotaryEmbedding`'s scaling arguments (`rope_type`,
+            `scaling_factor`, `low_freq_factor`, `high_freq_factor`,
+            `original_max_position_embeddings`), e.g.
+            `{"scaling_factor": 4.0}` (linear: positions divided by 4) or
+            Llama 3.1's `{"rope_type": "llama3", "scaling_factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}`. Hugging Face's
+            `rope_scaling` names `scaling_factor` `factor`.
 
     Returns:
         A `keras.Model`: int32 tokens `(B, T)` -> logits `(B, T, vocab_size)`.
@@ -107,10 +155,26 @@ def transformer_lm(
     >>> print(model(np.ones((2, 7), "int32")).shape)
     (2, 7, 100)
 
+    A Llama-3-style model:
+
+    >>> llama = transformer_lm(
+    ...     100, num_layers=1, d_model=16, intermediate_dim=32, num_key_value_heads=2,
+    ...     position="rotary", dropout=0.0, activation="silu", normalize_first=True,
+    ...     tie_weights=False, max_wavelength=500000, normalization="rms_norm",
+    ...     feedforward="gated", use_bias=False,
+    ...     rope_scaling={"rope_type": "llama3", "scaling_factor": 8.0})
+    >>> print(llama(np.ones((2, 7), "int32")).shape)
+    (2, 7, 100)
+
     References:
         Radford et al., 2019, "Language Models are Unsupervised Multitask
         Learners" (GPT-2); Vaswani et al., 2017, "Attention Is All You
-        Need", https://arxiv.org/abs/1706.03762
+        Need", https://arxiv.org/abs/1706.03762; Touvron et al., 2023,
+        "Llama 2", https://arxiv.org/abs/2307.09288; Grattafiori et al.,
+        2024, "The Llama 3 Herd of Models", https://arxiv.org/abs/2407.21783;
+        Jiang et al., 2023, "Mistral 7B", https://arxiv.org/abs/2310.06825;
+        Yang et al., 2024, "Qwen2 Technical Report",
+        https://arxiv.org/abs/2407.10671; transformers' `modeling_llama.py`
     """
     vocab_size = check_positive_int("vocab_size", vocab_size)
     num_layers = check_positive_int("num_layers", num_layers)
@@ -121,6 +185,7 @@ def transformer_lm(
         raise ValueError(f"`position` must be one of {POSITIONS}. Received: position={position!r}")
     if not isinstance(tie_weights, bool):
         raise TypeError(f"`tie_weights` must be a bool. Received: tie_weights={tie_weights!r}")
+    rope_scaling = _check_rope_scaling(rope_scaling, position)
     # -- layers -------------------------------------------------------------
     tokens = keras.Input((None,), dtype="int32", name="tokens")
     token_embedding = keras.layers.ReversibleEmbedding(
@@ -145,18 +210,45 @@ def transformer_lm(
             normalize_first=normalize_first,
             num_key_value_heads=num_key_value_heads,
             rotary_embedding=(
-                keras_attn.RotaryEmbedding(max_wavelength) if position == "rotary" else None
+                keras_attn.RotaryEmbedding(max_wavelength, **rope_scaling)
+                if position == "rotary"
+                else None
             ),
             position_bias=keras_attn.AlibiBias() if position == "alibi" else None,
             sliding_window=sliding_window,
             implementation=implementation,
+            normalization=normalization,
+            feedforward=feedforward,
+            use_bias=use_bias,
+            qkv_bias=qkv_bias,
             name=f"decoder_block_{i}",
         )(x)
     if normalize_first:
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="final_norm")(x)
+        x = normalization_layer(normalization, layer_norm_epsilon, "final_norm")(x)
     logits = token_embedding(x, reverse=True)  # (B, T, vocab_size)
     # -- model --------------------------------------------------------------
     return keras.Model(tokens, logits, name=name)
+
+
+def _check_rope_scaling(rope_scaling, position):
+    """`rope_scaling` as a dict of `RotaryEmbedding` arguments (`{}` for `None`), checked."""
+    if rope_scaling is None:
+        return {}
+    if not isinstance(rope_scaling, dict):
+        raise TypeError(
+            f"`rope_scaling` must be None or a dict. Received: rope_scaling={rope_scaling!r}"
+        )
+    unknown = sorted(set(rope_scaling) - set(ROPE_SCALING))
+    if unknown:
+        raise ValueError(
+            f"`rope_scaling` takes the keys {ROPE_SCALING}. Received: unknown keys {unknown}"
+        )
+    if position != "rotary":
+        raise ValueError(
+            "`rope_scaling` scales rotary positions: it needs position='rotary'. Received: "
+            f"position={position!r}, rope_scaling={rope_scaling!r}"
+        )
+    return dict(rope_scaling)
 
 
 # ---------------------------------------------------------------------------

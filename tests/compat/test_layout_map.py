@@ -26,6 +26,16 @@ BUILDERS = {
     "transformer_lm_alibi_gqa": lambda: zoo.transformer_lm(
         64, position="alibi", num_key_value_heads=8, **WIDE
     ),
+    "transformer_lm_llama": lambda: zoo.transformer_lm(
+        64,
+        position="rotary",
+        normalization="rms_norm",
+        feedforward="gated",
+        use_bias=False,
+        qkv_bias=True,
+        tie_weights=False,
+        **WIDE,
+    ),
     "transformer_seq2seq": lambda: zoo.transformer_seq2seq(20, 30, normalize_first=True, **WIDE),
     "transformer_classifier": lambda: zoo.transformer_classifier(
         50, 12, 3, position="learned", pooling="attention", normalize_first=True, **WIDE
@@ -69,7 +79,7 @@ def test_every_zoo_builder_is_covered_by_one_rule_per_variable(name):
             assert len(axes) == len(by_path[path].shape), path
             for dim in sharded_dims(axes):  # never a dimension the axis does not divide
                 assert by_path[path].shape[dim] % shape[1] == 0, (path, shape)
-            if path.endswith(("gamma", "beta", "seed_generator_state")):
+            if path.endswith(("gamma", "beta", "scale", "seed_generator_state")):
                 assert axes == (None,) * len(axes), path  # norms and seeds replicated
 
 
@@ -92,6 +102,18 @@ def test_transformer_lm_follows_megatron_split():
     # One key per kind of weight, whatever the number of blocks: 2 tables, 16 weights of a
     # block, the final norm's 2, and the dropout seeds outside and inside the blocks.
     assert len(zoo.layout_map(model, mesh(2, 4))) == 2 + 16 + 2 + 2
+
+
+def test_a_gated_feedforward_splits_its_gate_as_its_up_kernel():
+    model = BUILDERS["transformer_lm_llama"]()
+    axes = axes_of(zoo.layout_map(model, mesh(2, 4)), model)
+    block, m = "decoder_block_0/", "model"
+    assert axes[block + "feedforward_gate_dense/kernel"] == (None, m)  # (d, f): column-parallel
+    assert axes[block + "feedforward_intermediate_dense/kernel"] == (None, m)
+    assert axes[block + "feedforward_output_dense/kernel"] == (m, None)  # (f, d): row-parallel
+    assert axes[block + "self_attention/query/bias"] == (m, None)  # q/k/v biases only
+    assert block + "self_attention/attention_output/bias" not in axes
+    assert axes[block + "self_attention_layer_norm/scale"] == (None,)
 
 
 def test_tables_and_logits_fall_back_to_their_other_dimension():

@@ -132,6 +132,25 @@ CASES = {
         ),
         {"tokens": _tokens(2, 8, 20)},
     ),  # fmt: skip
+    "transformer_lm(llama)+MaskedRMSNormalization": lambda: (
+        zoo.transformer_lm(
+            20,
+            num_layers=1,
+            num_heads=2,
+            d_model=8,
+            intermediate_dim=16,
+            position="rotary",
+            num_key_value_heads=1,
+            normalization="rms_norm",
+            feedforward="gated",
+            activation="silu",
+            use_bias=False,
+            qkv_bias=True,
+            tie_weights=False,
+            rope_scaling={"rope_type": "llama3", "scaling_factor": 4.0},
+        ),
+        {"tokens": _tokens(2, 8, 20)},
+    ),
     "transformer_seq2seq": lambda: (
         zoo.transformer_seq2seq(15, 15, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16),
         _seq2seq_inputs(),

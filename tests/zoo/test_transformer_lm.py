@@ -31,7 +31,9 @@ def _lm(position="learned", **kwargs):
     return transformer_lm(VOCAB, position=position, sequence_length=24, **options)
 
 
-# Every position scheme, grouped-query heads, a sliding window, post-norm, untied output.
+# Every position scheme, grouped-query heads, a sliding window, post-norm, untied output; the
+# Llama family's options (RMS norm, gated feed-forward, no biases or q/k/v ones, rope scaling).
+LLAMA = dict(normalization="rms_norm", feedforward="gated", activation="silu", use_bias=False)
 VARIANTS = {
     "learned": {},
     "sinusoidal_post_norm_untied": dict(
@@ -39,6 +41,18 @@ VARIANTS = {
     ),
     "rotary_gqa": dict(position="rotary", num_key_value_heads=2),
     "alibi_window": dict(position="alibi", sliding_window=3),
+    "llama3_untied": dict(
+        **LLAMA,
+        position="rotary",
+        num_key_value_heads=2,
+        tie_weights=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "scaling_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "qwen2_window": dict(**LLAMA, position="rotary", qkv_bias=True, sliding_window=3),
 }
 
 # Every variant on TensorFlow. On JAX and torch (where eager steps are slow: JAX compiles
