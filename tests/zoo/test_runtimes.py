@@ -180,3 +180,59 @@ def test_exports_name_a_bad_argument(language_model, tmp_path):
     with pytest.raises(ValueError, match="without prefill, decode_step, greedy_decode, assets/"):
         export_tflite(token_model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # an export_text and four conversions: ~60 s on 2 quiet cores
+def test_a_llama_style_model_runs_in_both_runtimes(tmp_path):
+    """Rotary positions, RMS norm, a gated SiLU feed-forward, grouped keys and values, an
+    untied head and a sliding window: each runtime's greedy loop and `greedy_decode` give
+    the text model's tokens."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("tf2onnx")
+    interpreter = pytest.importorskip("ai_edge_litert.interpreter")
+    import keras
+
+    from keras_attn import models
+    from keras_attn.models import export_onnx, export_tflite, text
+
+    keras.utils.set_random_seed(4)
+    model = models.transformer_lm(
+        len(WORDS), num_layers=2, num_heads=4, num_key_value_heads=2, d_model=16,
+        intermediate_dim=32, sequence_length=12, dropout=0.0, position="rotary",
+        normalization="rms_norm", feedforward="gated", activation="silu", use_bias=False,
+        tie_weights=False, sliding_window=3,
+    )  # fmt: skip
+    text_model = text.TextLanguageModel(model, text.string_lookup(WORDS), MAX_LENGTH, PROMPT_LENGTH)
+    path = tmp_path / "lm"
+    text_model.export_text(str(path))
+    prompts = np.asarray(text_model.prompt_ids(PROMPTS), "int64")
+    expected = text_model.continue_ids(PROMPTS)
+
+    written = export_onnx(path, tmp_path / "onnx")
+    sessions = {name: ort.InferenceSession(file) for name, file in written.items()}
+
+    def run(name, feed):
+        names = [output.name for output in sessions[name].get_outputs()]
+        return dict(zip(names, sessions[name].run(None, feed), strict=True))
+
+    tokens, _ = greedy_loop(
+        lambda tokens: run("prefill", {"tokens": tokens}),
+        lambda token, cache: run(
+            "decode_step", {"token": token, **{f"past_{k}": v for k, v in cache.items()}}
+        ),
+        prompts,
+    )
+    np.testing.assert_array_equal(tokens, expected)
+    np.testing.assert_array_equal(run("greedy_decode", {"prompts": prompts})["output_0"], expected)
+
+    lite = interpreter.Interpreter(model_path=export_tflite(path, tmp_path / "tflite"))
+    prefill, decode_step, decode = (
+        lite.get_signature_runner(name) for name in ("prefill", "decode_step", "greedy_decode")
+    )
+    tokens, _ = greedy_loop(
+        lambda tokens: prefill(tokens=tokens),
+        lambda token, cache: decode_step(token=token, **cache),
+        prompts,
+    )
+    np.testing.assert_array_equal(tokens, expected)
+    np.testing.assert_array_equal(decode(prompts=prompts)["output_0"], expected)
