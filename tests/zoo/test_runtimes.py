@@ -29,7 +29,7 @@ def language_model(tmp_path_factory):
     from keras_attn.models import text
     from model_checks import favour_token
 
-    keras.utils.set_random_seed(3)
+    keras.utils.set_random_seed(7)  # two prompts end (one after a word), two do not
     model = models.transformer_lm(
         len(WORDS), num_layers=2, num_heads=2, d_model=16, intermediate_dim=32,
         sequence_length=12, dropout=0.0,
@@ -45,6 +45,7 @@ def language_model(tmp_path_factory):
         model, prompts, MAX_LENGTH, END, suppress_ids=text_model.suppress_ids, jit_compile=False
     )
     np.testing.assert_array_equal(tokens, text_model.continue_ids(PROMPTS))
+    assert (np.asarray(tokens) == END).any(axis=1).tolist() == [False, True, False, True]
     streamed, logits = tensorflow_loop(path, prompts)
     np.testing.assert_array_equal(streamed, tokens)
     return {"text_model": text_model, "path": path, "prompts": prompts,
