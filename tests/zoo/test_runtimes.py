@@ -18,6 +18,18 @@ MAX_LENGTH, PROMPT_LENGTH, END = 6, 4, 3
 CACHE = ("keys", "values", "valid", "positions", "index")
 
 
+# Module-scoped and named first, so that a test skips before the language model is made.
+@pytest.fixture(scope="module")
+def onnx_runtime():
+    pytest.importorskip("tf2onnx")
+    return pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def litert():
+    return pytest.importorskip("ai_edge_litert.interpreter")
+
+
 @pytest.fixture(scope="module")
 def language_model(tmp_path_factory):
     """A tiny text language model (exact GELU, `[UNK]` favoured: the export rules it out),
@@ -92,9 +104,7 @@ def check_against_the_references(language_model, tokens, logits, lowest):
         np.testing.assert_allclose(got[finite], want[finite], atol=1e-5, err_msg=f"step {step}")
 
 
-def test_onnx_runtime_streams_generates_greedy_tokens(language_model, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("tf2onnx")
+def test_onnx_runtime_streams_generates_greedy_tokens(onnx_runtime, language_model, tmp_path):
     from keras_attn.models import export_onnx
 
     written = export_onnx(
@@ -103,10 +113,7 @@ def test_onnx_runtime_streams_generates_greedy_tokens(language_model, tmp_path):
     assert sorted(written) == ["decode_step", "prefill"]
     vocabulary = (tmp_path / "onnx" / "vocabulary.txt").read_text(encoding="utf-8").split("\n")
     assert vocabulary[:-1] == WORDS[2:]  # ids 2, 3, ... (0: padding, 1: [UNK])
-    sessions = {
-        name: ort.InferenceSession(str(file), providers=["CPUExecutionProvider"])
-        for name, file in written.items()
-    }
+    sessions = {name: onnx_runtime.InferenceSession(file) for name, file in written.items()}
 
     def run(name, feed):
         session = sessions[name]
@@ -124,24 +131,21 @@ def test_onnx_runtime_streams_generates_greedy_tokens(language_model, tmp_path):
 
 
 @pytest.mark.slow  # the loop's conversion: ~10 s on 2 quiet cores
-def test_onnx_greedy_decode_gives_generates_tokens(language_model, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("tf2onnx")
+def test_onnx_greedy_decode_gives_generates_tokens(onnx_runtime, language_model, tmp_path):
     from keras_attn.models import export_onnx
 
     written = export_onnx(language_model["path"], tmp_path, signatures=("greedy_decode",))
-    session = ort.InferenceSession(written["greedy_decode"], providers=["CPUExecutionProvider"])
+    session = onnx_runtime.InferenceSession(written["greedy_decode"])
     (tokens,) = session.run(None, {"prompts": language_model["prompts"]})
     np.testing.assert_array_equal(tokens, language_model["tokens"])
 
 
-def test_litert_streams_generates_greedy_tokens(language_model, tmp_path):
+def test_litert_streams_generates_greedy_tokens(litert, language_model, tmp_path):
     """One file, two signatures: LiteRT's `prefill` + `decode_step` loop."""
-    interpreter = pytest.importorskip("ai_edge_litert.interpreter")
     from keras_attn.models import export_tflite
 
     file = export_tflite(language_model["path"], tmp_path, signatures=("prefill", "decode_step"))
-    lite = interpreter.Interpreter(model_path=file)
+    lite = litert.Interpreter(model_path=file)
     assert sorted(lite.get_signature_list()) == ["decode_step", "prefill"]
     prefill, decode_step = (lite.get_signature_runner(n) for n in ("prefill", "decode_step"))
     tokens, logits = greedy_loop(
@@ -155,13 +159,12 @@ def test_litert_streams_generates_greedy_tokens(language_model, tmp_path):
 
 
 @pytest.mark.slow  # an export_text and the loop's conversion: ~20 s on 2 quiet cores
-def test_litert_greedy_decode_gives_generates_tokens(language_model, tmp_path):
+def test_litert_greedy_decode_gives_generates_tokens(litert, language_model, tmp_path):
     """The text model itself given: `export_tflite` exports it first."""
-    interpreter = pytest.importorskip("ai_edge_litert.interpreter")
     from keras_attn.models import export_tflite
 
     file = export_tflite(language_model["text_model"], tmp_path, signatures=("greedy_decode",))
-    runner = interpreter.Interpreter(model_path=file).get_signature_runner("greedy_decode")
+    runner = litert.Interpreter(model_path=file).get_signature_runner("greedy_decode")
     tokens = runner(prompts=language_model["prompts"])["output_0"]
     np.testing.assert_array_equal(tokens, language_model["tokens"])
 
@@ -184,13 +187,10 @@ def test_exports_name_a_bad_argument(language_model, tmp_path):
 
 
 @pytest.mark.slow  # an export_text and four conversions: ~60 s on 2 quiet cores
-def test_a_llama_style_model_runs_in_both_runtimes(tmp_path):
+def test_a_llama_style_model_runs_in_both_runtimes(onnx_runtime, litert, tmp_path):
     """Rotary positions, RMS norm, a gated SiLU feed-forward, grouped keys and values, an
     untied head and a sliding window: each runtime's greedy loop and `greedy_decode` give
     the text model's tokens."""
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("tf2onnx")
-    interpreter = pytest.importorskip("ai_edge_litert.interpreter")
     import keras
 
     from keras_attn import models
@@ -210,7 +210,7 @@ def test_a_llama_style_model_runs_in_both_runtimes(tmp_path):
     expected = text_model.continue_ids(PROMPTS)
 
     written = export_onnx(path, tmp_path / "onnx")
-    sessions = {name: ort.InferenceSession(file) for name, file in written.items()}
+    sessions = {name: onnx_runtime.InferenceSession(file) for name, file in written.items()}
 
     def run(name, feed):
         names = [output.name for output in sessions[name].get_outputs()]
@@ -226,7 +226,7 @@ def test_a_llama_style_model_runs_in_both_runtimes(tmp_path):
     np.testing.assert_array_equal(tokens, expected)
     np.testing.assert_array_equal(run("greedy_decode", {"prompts": prompts})["output_0"], expected)
 
-    lite = interpreter.Interpreter(model_path=export_tflite(path, tmp_path / "tflite"))
+    lite = litert.Interpreter(model_path=export_tflite(path, tmp_path / "tflite"))
     prefill, decode_step, decode = (
         lite.get_signature_runner(name) for name in ("prefill", "decode_step", "greedy_decode")
     )
