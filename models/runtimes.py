@@ -40,12 +40,13 @@ def export_onnx(
 ) -> dict:
     """Converts a language model's decoding signatures to ONNX, one file each.
 
-    Writes `DIRECTORY/NAME.onnx` for each signature and `DIRECTORY/vocabulary.txt`. The
-    models take and give what the SavedModel's signatures do (docs/serving.md), except that
-    `decode_step`'s cache inputs are named `past_keys`, `past_values`, `past_valid`,
-    `past_positions` and `past_index` (its `token` keeps its name, its outputs are
-    `prefill`'s: `logits`, `keys`, ...). TensorFlow's check of `index` is not converted (ONNX
-    has no assertion): a client makes at most `max_length - 1` steps after `prefill`.
+    Writes `DIRECTORY/NAME.onnx` for each signature (each with its own copy of the weights)
+    and `DIRECTORY/vocabulary.txt`. The models take and give what the SavedModel's
+    signatures do (docs/serving.md), except that `decode_step`'s cache inputs are named
+    `past_keys`, `past_values`, `past_valid`, `past_positions` and `past_index` (its `token`
+    keeps its name, its outputs are `prefill`'s: `logits`, `keys`, ...). TensorFlow's check
+    of `index` is not converted (ONNX has no assertion): a client makes at most
+    `max_length - 1` steps after `prefill`.
 
     Two TensorFlow ops have no tf2onnx conversion and are converted here: the cache writes'
     `XlaDynamicUpdateSlice` (as `ScatterND` at the clamped start, XLA's rule) and GELU's
@@ -56,16 +57,18 @@ def export_onnx(
         directory: where the files go (made if missing; files of the same names replaced).
         signatures: the signatures to convert, of `"prefill"`, `"decode_step"`,
             `"greedy_decode"`.
-        opset: the ONNX opset.
+        opset: the ONNX opset, at least 13.
 
     Returns:
         `{signature: path of its .onnx file}`.
 
     Raises:
-        ValueError: a signature the SavedModel does not have, or a graph that holds ops
-            ONNX does not define after conversion (named).
+        ValueError: a signature the SavedModel does not have, an opset below 13, or a graph
+            that holds ops ONNX does not define after conversion (named).
     """
     _check(model, signatures)
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset < 13:
+        raise ValueError(f"`opset` must be an integer of at least 13. Received: opset={opset!r}")
     tf2onnx = _extra("tf2onnx", "onnx")
     _extra("onnx", "onnx")
     handlers = {"Erfc": (_erfc, []), "XlaDynamicUpdateSlice": (_dynamic_update_slice, [])}

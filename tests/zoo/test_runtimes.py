@@ -179,6 +179,8 @@ def test_exports_name_a_bad_argument(language_model, tmp_path):
             export(language_model["path"], tmp_path, signatures="decode_step")
         with pytest.raises(TypeError, match="`model` must be a TextLanguageModel.*Received: Func"):
             export(language_model["text_model"].language_model, tmp_path)
+    with pytest.raises(ValueError, match="`opset` must be an integer of at least 13"):
+        export_onnx(language_model["path"], tmp_path, opset=11)
     token_model = tmp_path / "token_model"
     language_model["text_model"].language_model.export(str(token_model), verbose=False)
     with pytest.raises(ValueError, match="without prefill, decode_step, greedy_decode, assets/"):
