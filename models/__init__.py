@@ -34,6 +34,7 @@ from keras_attn.models.distribution import check_layout, layout_map
 from keras_attn.models.han import hierarchical_attention_network
 from keras_attn.models.pointer_network import pointer_network
 from keras_attn.models.rnn_seq2seq import rnn_seq2seq
+from keras_attn.models.runtimes import export_onnx, export_tflite
 from keras_attn.models.transformer_classifier import transformer_classifier
 from keras_attn.models.transformer_lm import transformer_lm
 from keras_attn.models.transformer_seq2seq import transformer_seq2seq
@@ -45,7 +46,9 @@ __all__ = [
     "beam_search",
     "check_layout",
     "decoding",
+    "export_onnx",
     "export_seq2seq",
+    "export_tflite",
     "generate",
     "greedy_decode",
     "hierarchical_attention_network",

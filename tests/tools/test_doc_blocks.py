@@ -5,9 +5,13 @@ before TensorFlow starts) in a folder holding what the blocks read: `keras_attn_
 a small text language model (`.keras` and SavedModel) and a reversal SavedModel, the names
 `keras-attn train` writes. Blocks that a named test already runs, with assertions on what
 they make, are listed in `RUN_ELSEWHERE` and not run twice; every block is either run here
-or named there (a new block is run; a stale name fails).
+or named there (a new block is run; a stale name fails). A block that needs a package of an
+extra (`EXTRAS`) skips where it is not installed, as the tests that `importorskip` it (CI runs
+the skipped tests again with every extra).
 """
 
+import ast
+import importlib.util
 import os
 import pathlib
 import re
@@ -49,6 +53,9 @@ RUN_ELSEWHERE = {
 }
 # Blocks that must start their own interpreter: they configure devices before TensorFlow starts.
 OWN_PROCESS = ("set_logical_device_configuration",)
+# The packages of extras that a block may import (-> the extra), and calls that import one.
+EXTRAS = {"onnxruntime": "onnx", "tf2onnx": "onnx", "onnx": "onnx", "ai_edge_litert": "litert"}
+CALLS_NEEDING = {"export_onnx(": ("tf2onnx", "onnx")}
 
 LM_WORDS = ["", "[UNK]", ".", "<s>", "</s>", "the", "movie", "is", "a", "good", "bad", "film"]
 REVERSE_SOURCE = ["", "[UNK]"] + list("abcdefghn")
@@ -62,6 +69,22 @@ def doc_blocks():
         for match in FENCE.finditer(text):
             line = text[: match.start()].count("\n") + 1
             yield f"{path.relative_to(ROOT)}:{line}", textwrap.dedent(match.group(2))
+
+
+def needed_extras(code):
+    """The packages of extras that `code` imports, or needs through a call of `CALLS_NEEDING`."""
+    imported = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imported.add(node.module.split(".")[0])
+    imported |= {name for call, names in CALLS_NEEDING.items() if call in code for name in names}
+    return sorted(imported & set(EXTRAS))
+
+
+def missing_extras(code):
+    return [name for name in needed_extras(code) if importlib.util.find_spec(name) is None]
 
 
 def _elsewhere(code):
@@ -122,10 +145,18 @@ def _token_model_generates_what_the_text_model_does(namespace, printed, language
     assert not np.isin(namespace["new"], language_model.suppress_ids).any()
 
 
+def _runtime_words_are_the_greedy_continuation(namespace, printed, language_model):
+    """docs/serving.md's ONNX Runtime and LiteRT clients print the text model's greedy words."""
+    (expected,) = language_model.predict_text(["the movie is"])
+    assert printed.split() == expected.split(), (printed, expected)
+
+
 CHECKS = {
     'state = loaded.signatures["prefill"](tokens=prompts)': (
         _streamed_words_are_the_greedy_continuation
     ),
+    'state = run(prefill, {"tokens":': _runtime_words_are_the_greedy_continuation,
+    "tokens = greedy(prompts=": _runtime_words_are_the_greedy_continuation,
     "new = models.generate(run.language_model, prompts, run.max_length, run.end_id,": (
         _token_model_generates_what_the_text_model_does
     ),
@@ -134,6 +165,11 @@ CHECKS = {
 
 @pytest.mark.parametrize("code", [code for _, code in HERE], ids=[name for name, _ in HERE])
 def test_doc_block_runs_as_written(code, runs, tmp_path, monkeypatch, capsys):
+    missing = missing_extras(code)
+    if missing:
+        pytest.skip(
+            f"the block needs {', '.join(missing)} (extras {sorted({EXTRAS[m] for m in missing})})"
+        )
     folder, language_model = runs
     (tmp_path / "keras_attn_runs").symlink_to(folder / "keras_attn_runs")
     monkeypatch.chdir(tmp_path)
@@ -157,6 +193,18 @@ def test_doc_block_runs_in_its_own_interpreter(code, tmp_path):
         text=True, timeout=900,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+
+
+def test_only_the_runtime_blocks_need_an_extra():
+    assert needed_extras("import onnxruntime.capi as c\nimport numpy") == ["onnxruntime"]
+    assert needed_extras("from ai_edge_litert.interpreter import Interpreter") == ["ai_edge_litert"]
+    assert needed_extras("from . import onnx\nimport keras_attn") == []  # relative, not extras
+    assert needed_extras("from keras_attn.models import export_onnx\nexport_onnx(a, b)") == [
+        "onnx", "tf2onnx",
+    ]  # fmt: skip
+    needing = {name: needed_extras(code) for name, code in BLOCKS if needed_extras(code)}
+    assert sorted(needing.values()) == [["ai_edge_litert"], ["onnx", "onnxruntime", "tf2onnx"]]
+    assert all(name.startswith("docs/serving.md:") for name in needing), needing
 
 
 def test_checks_name_blocks_that_exist():
