@@ -632,12 +632,9 @@ def _describe(model) -> tuple[str, dict]:
 
 
 def _unnamed(config):
-    """A block's config without its name and its rotary embedding's (to compare blocks)."""
-    config = {k: v for k, v in config.items() if k != "name"}
-    if config["rotary_embedding"] is not None:
-        rotary = dict(config["rotary_embedding"])
-        rotary["config"] = {k: v for k, v in rotary["config"].items() if k != "name"}
-        config["rotary_embedding"] = rotary
+    """A block's config without the names of it and its sublayers (to compare blocks)."""
+    if isinstance(config, dict):
+        return {k: _unnamed(v) for k, v in config.items() if k != "name"}
     return config
 
 
