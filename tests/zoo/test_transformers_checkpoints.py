@@ -7,6 +7,7 @@ logits; unsupported configurations raise naming the field.
 
 import json
 import os
+import re
 import shutil
 
 import keras
@@ -318,3 +319,21 @@ def test_options_and_files_are_checked(folders, tmp_path):
     (tmp_path / "config.json").write_text((folders["llama"][1] / "config.json").read_text())
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         from_transformers(tmp_path)
+
+
+def test_the_docs_round_trip_runs(tmp_path, monkeypatch):
+    """docs/coming-from-hugging-face.md's block, as a user pastes it (`test_doc_blocks`
+    leaves it to this test: it needs transformers)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "coming-from-hugging-face.md")) as f:
+        (block,) = re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(block, "docs/coming-from-hugging-face.md", "exec"), namespace)
+    tokens = np.array([[1, 15, 27, 3, 0, 9]])
+    np.testing.assert_allclose(
+        _hf_logits(namespace["again"].eval(), tokens),
+        np_(namespace["model"](tokens)),
+        atol=1e-4,
+    )
+    assert os.path.exists(tmp_path / "tiny-llama-tuned_savedmodel" / "saved_model.pb")
