@@ -390,6 +390,11 @@ class LanguageModelSteps:
     tokens. A prompt longer than `w` is prefilled at once (each token
     attending within its window) and its last `w` positions kept.
 
+    Padding is the model's `padding_id` (its attribute here: 0, or -1 for a
+    model whose every id is a token, e.g. `from_transformers`'): the prompts'
+    padding, and the id the decoding loops never generate when it is a token
+    id (0).
+
     Args:
         model: a model built by `transformer_lm` (trained or reloaded).
         ring: `None` (rings where the blocks have a sliding window), or

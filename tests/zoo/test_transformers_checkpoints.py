@@ -102,6 +102,7 @@ def _hf_logits(hf, tokens, mask=None):
         return hf(torch.tensor(tokens), attention_mask=torch.tensor(mask)).logits.float().numpy()
 
 
+@pytest.mark.backends  # checked on TensorFlow, JAX and torch
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_logits_and_greedy_tokens_equal_transformers(folders, family, tmp_path):
     """The logits of every position (a right-padded row: -1 for us, the attention mask for
@@ -126,6 +127,7 @@ def test_logits_and_greedy_tokens_equal_transformers(folders, family, tmp_path):
     np.testing.assert_allclose(_hf_logits(again, TOKENS), theirs, atol=1e-5)
 
 
+@pytest.mark.backends  # checked on TensorFlow, JAX and torch
 def test_left_padded_prompts_generate_as_unpadded(folders):
     """-1 is the padding of an imported model's prompts: a left-padded row is continued as
     if alone (its positions count real tokens), as transformers does with a mask."""
@@ -191,6 +193,7 @@ def test_generation_settings_quantize_and_lora_after_import(folders, tmp_path):
         to_transformers(model, tmp_path)
 
 
+@pytest.mark.backends  # checked on TensorFlow, JAX and torch
 def test_padding_id_model_reloads(folders, tmp_path):
     model = from_transformers(folders["mistral"][1])
     model.save(tmp_path / "m.keras")
