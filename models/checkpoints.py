@@ -748,11 +748,19 @@ def to_transformers(
     with its attention mask). A model built with a negative `padding_id` (an imported
     checkpoint) has no `pad_token_id`.
 
+    A `TextLanguageModel` (what `keras-attn train transformer-lm` saves) also writes
+    `tokenizer.json` and `tokenizer_config.json` (`_write_tokenizer`: the vocabulary as a
+    word-level model with our splitting) and, in `generation_config.json`, its `max_length`
+    and the ids it never generates (padding and `suppress_tokens`), so that
+    `transformers.pipeline("text-generation", model=path)` continues a prompt with the words
+    of `predict_text` (greedy; tested).
+
     Weights are written in the variables' dtype (float32 or float16; bfloat16 ones as
     float32, exactly).
 
     Args:
-        model: a model built by `transformer_lm` (or `from_transformers`).
+        model: a model built by `transformer_lm` (or `from_transformers`), or a
+            `keras_attn.models.text.TextLanguageModel`.
         path: the folder to write (created; existing files of these names replaced).
         start_id, end_id: the `bos_token_id` and `eos_token_id` to write, if any.
         max_position_embeddings: the longest sequence the engines allow, written for
@@ -763,6 +771,12 @@ def to_transformers(
     """
     from safetensors.numpy import save_file
 
+    text_model = None
+    if hasattr(model, "language_model") and hasattr(model, "lookup"):  # a TextLanguageModel
+        text_model, model = model, model.language_model
+        vocabulary = text_model.lookup.get_vocabulary()
+        start_id = vocabulary.index(text_model.start_token) if start_id is None else start_id
+        end_id = text_model.end_id if end_id is None else end_id
     family, summary = _describe(model)
     layers = {layer.path: layer for layer in model._flatten_layers(include_self=False)}
     tensors = {}
@@ -788,6 +802,59 @@ def to_transformers(
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
-    generation = {k: v for k, v in ids.items() if v is not None}
+    generation = dict({k: v for k, v in ids.items() if v is not None}, do_sample=False)
+    if text_model is not None:
+        _write_tokenizer(text_model, path)
+        generation.update(
+            max_new_tokens=text_model.max_length,
+            suppress_tokens=sorted({summary["padding_id"], *text_model.suppress_ids} - {-1}),
+        )
     with open(os.path.join(path, "generation_config.json"), "w") as f:
-        json.dump(dict(generation, do_sample=False), f, indent=2, sort_keys=True)
+        json.dump(generation, f, indent=2, sort_keys=True)
+
+
+# A punctuation mark (`keras_attn.models.text.language_model.PUNCTUATION`, any whitespace
+# in place of the ASCII space it sees after `normalize_spaces`): a word of its own.
+_PUNCTUATION = r"[^\p{L}\p{N}\p{M}\s'-]\p{M}*"
+_PAD = "[PAD]"  # the name of id 0 (padding, the empty string in our vocabulary)
+
+
+def _write_tokenizer(text_model, path):
+    """`tokenizer.json` and `tokenizer_config.json` of a `TextLanguageModel`'s vocabulary:
+    the `tokenizers` library's word-level model, lowercased, punctuation split off, split at
+    whitespace, the start token prepended; id 0 (our padding) is the pad token `[PAD]`."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    vocabulary = text_model.lookup.get_vocabulary()
+    words = [_PAD, *vocabulary[1:]]
+    if len(set(words)) != len(words):
+        raise ValueError(
+            f"to_transformers names id 0 (padding) {_PAD!r}: the vocabulary holds it already."
+        )
+    unknown = vocabulary[1]  # the OOV token, `[UNK]`
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=unknown))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PUNCTUATION), behavior="isolated"),
+            pre_tokenizers.WhitespaceSplit(),
+        ]
+    )
+    start, end = text_model.start_token, text_model.end_token
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{start} $A", special_tokens=[(start, words.index(start))]
+    )
+    tokenizer.add_special_tokens([_PAD, unknown, start, end])
+    tokenizer.save(os.path.join(path, "tokenizer.json"))
+    config = dict(
+        tokenizer_class="PreTrainedTokenizerFast",
+        bos_token=start,
+        eos_token=end,
+        unk_token=unknown,
+        pad_token=_PAD,
+        clean_up_tokenization_spaces=False,  # "good ." stays as our words join
+        model_max_length=text_model.prompt_length + 1,
+        truncation_side="left",  # as `prompt_ids` keeps a prompt's last words
+    )
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
