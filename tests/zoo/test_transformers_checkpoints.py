@@ -120,7 +120,8 @@ def test_logits_and_greedy_tokens_equal_transformers(folders, family, tmp_path):
             torch.tensor(TOKENS), attention_mask=torch.ones(TOKENS.shape, dtype=torch.long),
             max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None,
         ).numpy()[:, TOKENS.shape[1]:]  # fmt: skip
-    np.testing.assert_array_equal(generate(model, TOKENS, 6), expected)
+    # eager: the compiled loop of a -1 model runs in the tests below
+    np.testing.assert_array_equal(generate(model, TOKENS, 6, jit_compile=False), expected)
     to_transformers(model, tmp_path)  # the round trip: ours -> theirs
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(again) is type(hf)
@@ -165,10 +166,11 @@ def test_generation_settings_quantize_and_lora_after_import(folders, tmp_path):
     _, folder = folders["qwen2"]
     model = from_transformers(folder)
     prompts = np.array([[0, 5, 17], [-1, 9, 0]])
+    eager = dict(jit_compile=False)  # the compiled loops: test_left_padded_prompts_...
     sampled = generate(model, prompts, 5, sampler="sample", top_k=5, seed=1,
-                       repetition_penalty=1.3, no_repeat_ngram_size=2)  # fmt: skip
+                       repetition_penalty=1.3, no_repeat_ngram_size=2, **eager)  # fmt: skip
     assert sampled.shape == (2, 5) and np.all((sampled >= 0) & (sampled < VOCAB))
-    beam = generate(model, prompts, 5, sampler="beam", end_id=2, beam_width=3)
+    beam = generate(model, prompts, 5, sampler="beam", end_id=2, beam_width=3, **eager)
     assert beam.shape == (2, 5)
     for layer in model._flatten_layers():  # LoRA on every projection (keras' Dense kinds)
         if isinstance(layer, keras.layers.Dense | keras.layers.EinsumDense):
@@ -177,6 +179,7 @@ def test_generation_settings_quantize_and_lora_after_import(folders, tmp_path):
     model.compile(
         keras.optimizers.Adam(1e-2),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1),
+        run_eagerly=True,  # two steps: tracing the train step would cost more
     )
     model.fit(inputs, targets, epochs=2, verbose=0)
     to_transformers(model, tmp_path)  # the LoRA terms merged into the kernels
@@ -188,7 +191,7 @@ def test_generation_settings_quantize_and_lora_after_import(folders, tmp_path):
     float_logits = np_(model(TOKENS))
     model.quantize("int8")
     np.testing.assert_allclose(np_(model(TOKENS)), float_logits, atol=0.5)
-    assert generate(model, prompts, 3).shape == (2, 3)
+    assert generate(model, prompts, 3, **eager).shape == (2, 3)
     with pytest.raises(ValueError, match="quantization"):
         to_transformers(model, tmp_path)
 
@@ -260,9 +263,12 @@ def test_zoo_models_export(name, tmp_path):
     to_transformers(model, tmp_path, end_id=2)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == name.split("_")[0] and config["pad_token_id"] == 0
+    if name.startswith("gpt2"):  # our "gelu" is the exact GELU, GPT-2's "gelu_new" the tanh one
+        assert config["activation_function"] == ("gelu" if name == "gpt2" else "gelu_new")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     tokens = np.where(TOKENS == 0, 1, TOKENS)  # no padding
-    np.testing.assert_allclose(_hf_logits(hf, tokens), np_(model(tokens)), atol=1e-4, rtol=1e-4)
+    # 1e-5: the other GELU would differ by 9e-5 (measured); these agree to 2e-7
+    np.testing.assert_allclose(_hf_logits(hf, tokens), np_(model(tokens)), atol=1e-5, rtol=1e-6)
 
 
 def test_unsupported_exports_raise_naming_what():
