@@ -30,6 +30,7 @@ if __name__ != "keras_attn.models":  # e.g. `import models` from the repository 
 import importlib
 
 from keras_attn.models import layers, text
+from keras_attn.models.checkpoints import from_transformers, to_transformers
 from keras_attn.models.distribution import check_layout, layout_map
 from keras_attn.models.han import hierarchical_attention_network
 from keras_attn.models.pointer_network import pointer_network
@@ -49,6 +50,7 @@ __all__ = [
     "export_onnx",
     "export_seq2seq",
     "export_tflite",
+    "from_transformers",
     "generate",
     "greedy_decode",
     "hierarchical_attention_network",
@@ -59,6 +61,7 @@ __all__ = [
     "rnn_seq2seq",
     "sample_decode",
     "text",
+    "to_transformers",
     "transformer_classifier",
     "transformer_lm",
     "transformer_seq2seq",

@@ -280,7 +280,9 @@ def beam_search_loop(
         logits, state, *alignment = decode._step(hypotheses["tokens"], index, hypotheses["state"])
         logits = ops.cast(logits, "float32")  # (B*K, V)
         vocab = ops.shape(logits)[-1]
-        processed = decode._controlled(decoding._ruled_out(logits, suppress_ids), index, hypotheses)
+        processed = decode._controlled(
+            decoding._ruled_out(logits, suppress_ids, decode.padding_id), index, hypotheses
+        )
         finished = hypotheses["finished"]
         pad_only = ops.where(ops.arange(vocab) == 0, 0.0, float("-inf"))  # (V,)
         step_log_probs = ops.where(

@@ -7,6 +7,7 @@
     keras-attn predict TASK [TEXT ...] [--runs-dir DIR] [--stream] [--temperature T]
                        [--top-k K] [--top-p P] [--seed S] [--repetition-penalty R]
                        [--no-repeat-ngram-size N] [--max-length L]
+    keras-attn export transformer-lm --format transformers DIR [--runs-dir DIR]
 
 A command's options may come before, between or after its positional arguments.
 The default of every generated task needs no network: its tfds builder
@@ -261,7 +262,36 @@ def _parser():
         "--max-length", type=int,
         help="transformer-lm: the most new tokens (default and largest: the run's)",
     )  # fmt: skip
+    export = commands.add_parser(
+        "export",
+        help="a trained language model as a Hugging Face folder",
+        description="Write TASK's last run (a language model) as a Hugging Face checkpoint "
+        "folder (config.json, model.safetensors, generation_config.json, tokenizer.json): "
+        "transformers' text-generation pipeline, vLLM, SGLang and TGI load it.",
+    )
+    export.add_argument("task", help="a language model task that `keras-attn train` ran")
+    export.add_argument("directory", help="the folder to write")
+    export.add_argument("--format", choices=["transformers"], required=True)
+    export.add_argument(
+        "--runs-dir", default=OUTPUT, help="train's --output (default: ./%(default)s)"
+    )
     return parser
+
+
+def _export(args):
+    """`keras-attn export`: the folder written, or exit status 1 naming what is missing."""
+    from keras_attn.models import text, to_transformers
+
+    try:
+        model = text.load_run(args.task, args.runs_dir)
+        if not isinstance(model, text.TextLanguageModel):
+            raise ValueError(f"{args.task!r} is not a language model task (transformer-lm)")
+        to_transformers(model, args.directory)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"keras-attn export: error: {error}", file=sys.stderr)
+        return 1
+    print(args.directory)
+    return 0
 
 
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
@@ -444,6 +474,8 @@ def main(argv=None):
     _quiet_tensorflow()
     if args.command == "predict":
         return _predict(args)
+    if args.command == "export":
+        return _export(args)
     from keras_attn.models import recipes  # imports TensorFlow: after argument parsing
     from keras_attn.models.files import write_atomically
 

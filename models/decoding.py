@@ -499,6 +499,7 @@ class DecodingLoop:
     ):
         self.steps, self.start_id, self.end_id = steps, start_id, end_id
         self.choose, self.suppress_ids = choose, suppress_ids
+        self.padding_id = getattr(steps, "padding_id", 0)  # -1: every id is a token
         self.repetition_penalty = None if _is_off(repetition_penalty, 1.0) else repetition_penalty
         self.no_repeat_ngram_size = check_no_repeat_ngram_size(no_repeat_ngram_size)
         self.return_scores, self.return_alignment = return_scores, return_alignment
@@ -519,7 +520,8 @@ class DecodingLoop:
         if self.repetition_penalty is not None or self.no_repeat_ngram_size:
             # what the row holds before its outputs, (B, K): the prompt or the start token
             continues = hasattr(self.steps, "start_tokens")
-            carry["before"] = left_align(encoder_inputs) if continues else tokens[:, None]
+            before = left_align(encoder_inputs, self.padding_id) if continues else tokens[:, None]
+            carry["before"] = ops.where(ops.equal(before, self.padding_id), 0, before)
         if self.return_scores:
             carry["scores"] = ops.zeros((batch, max_length), "float32")
         if self.return_alignment:
@@ -532,7 +534,8 @@ class DecodingLoop:
         carry = dict(carry)
         logits, carry["state"], *alignment = self._step(carry["tokens"], index, carry["state"])
         raw = logits
-        logits = self._controlled(_ruled_out(logits, self.suppress_ids), index, carry)
+        logits = _ruled_out(logits, self.suppress_ids, self.padding_id)
+        logits = self._controlled(logits, index, carry)
         finished = carry["finished"]
         tokens = ops.where(finished, 0, self.choose(logits, index))
         carry["tokens"] = tokens
@@ -626,13 +629,16 @@ def _alignment_step(steps):
     return functools.partial(steps.step, return_alignment=True)
 
 
-def _ruled_out(logits, suppress_ids=()):
-    """Logits `(B, V)` with token 0 (padding, never a real output token) and the
-    `suppress_ids` (checked Python ints) ruled out: `-inf`.
+def _ruled_out(logits, suppress_ids=(), padding_id=0):
+    """Logits `(B, V)` with token 0 (padding, never a real output token; unless the
+    model's `padding_id` is negative: then 0 is a token) and the `suppress_ids` (checked
+    Python ints) ruled out: `-inf`.
 
     The ids are a constant of the trace: one compiled loop per setting.
     """
-    ids = ops.convert_to_tensor(np.array((0, *suppress_ids), "int32"))  # (K,)
+    padding = (0,) if padding_id == 0 else ()
+    # (K,); -1 matches no id and keeps K >= 1
+    ids = ops.convert_to_tensor(np.array((*padding, *suppress_ids, -1), "int32"))
     vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")  # (V,)
     ruled_out = ops.any(ops.equal(ops.expand_dims(vocabulary, -1), ids), axis=-1)  # (V,)
     return ops.where(ruled_out, ops.cast(float("-inf"), logits.dtype), logits)

@@ -6,6 +6,7 @@ registered with `package="keras_attn.models"`, with a `get_config`.
 """
 
 import keras
+import numpy as np
 from keras import ops as kops
 
 from keras_attn import ops as attn_ops
@@ -276,12 +277,17 @@ class PointerDecoderInputs(keras.layers.Layer):
 
 @_REGISTER
 class TokenPositions(keras.layers.Layer):
-    """Each token's position among the real tokens of its row: `max(cumsum(tokens != 0) - 1, 0)`.
+    """Each token's position among the real tokens of its row: `max(cumsum(real) - 1, 0)`.
 
-    The positions a language model embeds, so that padding on either side
-    moves no real token: a left-padded row gets the positions of the same row
-    unpadded (a right-padded one `0, 1, ...` anyway). Padded steps get the
-    position of the real token before them (0 before the first).
+    `real` is `tokens != padding_id`. The positions a language model embeds, so
+    that padding on either side moves no real token: a left-padded row gets the
+    positions of the same row unpadded (a right-padded one `0, 1, ...` anyway).
+    Padded steps get the position of the real token before them (0 before the
+    first). A row without padding gets `0, 1, ..., T - 1`.
+
+    Args:
+        padding_id: the id that marks padding (the zoo's 0; -1 for a model whose
+            every id is a token, such as a Hugging Face checkpoint's).
 
     Example:
 
@@ -289,12 +295,105 @@ class TokenPositions(keras.layers.Layer):
     [[0 0 0 1 2]]
     """
 
+    def __init__(self, padding_id=0, **kwargs):
+        super().__init__(**kwargs)
+        self.padding_id = check_padding_id(padding_id)
+
     def call(self, tokens):
-        real = kops.cast(kops.not_equal(tokens, 0), "int32")
+        real = kops.cast(kops.not_equal(tokens, self.padding_id), "int32")
         return kops.maximum(kops.cumsum(real, axis=-1) - 1, 0)  # (B, T)
 
     def compute_output_spec(self, tokens):
         return keras.KerasTensor(tokens.shape, dtype="int32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"padding_id": self.padding_id})
+        return config
+
+
+@_REGISTER
+class TokenPadding(keras.layers.Layer):
+    """A language model's token ids and padding mask, for a padding id other than 0.
+
+        real = tokens != padding_id,   ids = where(real, tokens, 0)
+
+    The zoo's token embeddings take their mask from id 0 (`mask_zero=True`); a
+    model whose id 0 is a real token (a Hugging Face checkpoint's) marks
+    padding with another id, usually -1 (outside the vocabulary): this layer
+    gives the embedding ids it can look up (padding read as row 0, masked) and
+    the mask the blocks take (`decoder_padding_mask`).
+
+    Args:
+        padding_id: a negative int (no id of the vocabulary is padding).
+
+    Returns:
+        `(ids, real)`: int32 `(B, T)` and bool `(B, T)`.
+
+    Example:
+
+    >>> ids, real = TokenPadding(-1)(np.array([[0, 7, -1]]))
+    >>> print(keras.ops.convert_to_numpy(ids), keras.ops.convert_to_numpy(real))
+    [[0 7 0]] [[ True  True False]]
+    """
+
+    def __init__(self, padding_id=-1, **kwargs):
+        super().__init__(**kwargs)
+        self.padding_id = check_padding_id(padding_id)
+
+    def call(self, tokens):
+        tokens = kops.cast(tokens, "int32")
+        real = kops.not_equal(tokens, self.padding_id)
+        return kops.where(real, tokens, 0), real  # (B, T), (B, T)
+
+    def compute_output_spec(self, tokens):
+        return (
+            keras.KerasTensor(tokens.shape, dtype="int32"),
+            keras.KerasTensor(tokens.shape, dtype="bool"),
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"padding_id": self.padding_id})
+        return config
+
+
+@_REGISTER
+class DropMask(keras.layers.Layer):
+    """`inputs` as they are, without their Keras mask.
+
+    Before a layer that takes no mask (a language model's reverse embedding, whose
+    `mask_zero` is off when id 0 is a real token): the mask ends here, where Keras would
+    otherwise warn that it is dropped.
+
+    Example:
+
+    >>> print(keras.ops.convert_to_numpy(DropMask()(np.ones((1, 2)))))
+    [[1. 1.]]
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs):
+        return kops.copy(inputs)  # a new tensor: the mask is an attribute of the input's
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+
+def check_padding_id(padding_id):
+    """`padding_id` as a Python int: 0 (the zoo's padding) or negative (outside the vocabulary)."""
+    if isinstance(padding_id, bool) or not isinstance(padding_id, int | np.integer):
+        raise TypeError(f"`padding_id` must be an int. Received: padding_id={padding_id!r}")
+    if padding_id > 0:
+        raise ValueError(
+            "`padding_id` must be 0 (the zoo's padding) or negative (an id outside the "
+            "vocabulary: every id in [0, vocab_size) is a token). "
+            f"Received: padding_id={padding_id}"
+        )
+    return int(padding_id)
 
 
 @keras.saving.register_keras_serializable(package="keras_attn.models")

@@ -189,7 +189,7 @@ def generate(
     prompts = np.asarray(ops.convert_to_numpy(prompts))
     steps = LanguageModelSteps(model)
     max_length, _, end_id = decoding.check_lengths(max_length, None, end_id, steps.vocab_size)
-    check_prompts(prompts, steps.vocab_size, max_length, steps.sequence_length)
+    check_prompts(prompts, steps.vocab_size, max_length, steps.sequence_length, steps.padding_id)
     suppress_ids = decoding.check_suppress_ids(suppress_ids, steps.vocab_size)
     repetition_penalty = check_repetition_penalty(repetition_penalty)
     no_repeat_ngram_size = check_no_repeat_ngram_size(no_repeat_ngram_size)

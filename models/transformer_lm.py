@@ -11,7 +11,7 @@ from keras_attn._execution import call_layer
 from keras_attn._typing import ActivationLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_rate
 from keras_attn.cache import RingKVCache
-from keras_attn.models.layers import TokenPositions
+from keras_attn.models.layers import DropMask, TokenPadding, TokenPositions, check_padding_id
 from keras_attn.positional import static_array
 from keras_attn.transformer_block import normalization_layer
 
@@ -51,6 +51,7 @@ def transformer_lm(
     use_bias: bool = True,
     qkv_bias: bool | None = None,
     rope_scaling: dict | None = None,
+    padding_id: int = 0,
 ) -> keras.Model:
     """A decoder-only Transformer language model (GPT): next-token logits at every position.
 
@@ -70,12 +71,17 @@ def transformer_lm(
 
     Row `t` of the output sees `tokens[:, :t + 1]` only, so with inputs
     `tokens[:, :-1]` and targets `tokens[:, 1:]` every position predicts the
-    next token. Token id 0 is padding: padded keys are never attended to and
-    padded rows output the final norm's bias; train with
+    next token. Token id 0 is padding (`padding_id`): padded keys are never
+    attended to and padded rows output the final norm's bias; train with
     `keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0)`
     so padded targets do not count. Positions count real tokens only
     (`keras_attn.models.layers.TokenPositions`), so a row's logits do not depend on
-    how much padding precedes or follows it.
+    how much padding precedes or follows it; without padding they are
+    `0, 1, ..., T - 1` (Hugging Face's). A model whose id 0 is a real token
+    (a Hugging Face checkpoint's: `keras_attn.models.from_transformers`) takes
+    `padding_id=-1`: padding is then -1, outside the vocabulary, in its inputs
+    and in the prompts of `generate`, and every id of the vocabulary can be
+    generated (`ignore_class=-1` in the loss).
 
     Generate with `keras_attn.models.generate` (compiled), or with
     `greedy_decode` / `sample_decode` / `beam_search` and `start_id=None`: a
@@ -145,6 +151,10 @@ def transformer_lm(
             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}`. Hugging Face's
             `rope_scaling` names `scaling_factor` `factor`.
+        padding_id: the id that marks padding in the tokens: 0 (the zoo's:
+            id 0 is no token and is never generated), or a negative id (-1:
+            every id in `[0, vocab_size)` is a token, as in a Hugging Face
+            checkpoint).
 
     Returns:
         A `keras.Model`: int32 tokens `(B, T)` -> logits `(B, T, vocab_size)`.
@@ -186,14 +196,23 @@ def transformer_lm(
     if not isinstance(tie_weights, bool):
         raise TypeError(f"`tie_weights` must be a bool. Received: tie_weights={tie_weights!r}")
     rope_scaling = _check_rope_scaling(rope_scaling, position)
+    padding_id = check_padding_id(padding_id)
     # -- layers -------------------------------------------------------------
     tokens = keras.Input((None,), dtype="int32", name="tokens")
     token_embedding = keras.layers.ReversibleEmbedding(
-        vocab_size, d_model, tie_weights=tie_weights, mask_zero=True, name="token_embedding"
+        vocab_size,
+        d_model,
+        tie_weights=tie_weights,
+        mask_zero=padding_id == 0,
+        name="token_embedding",
     )
-    x = token_embedding(tokens)  # (B, T, d), masked where tokens == 0
+    if padding_id == 0:
+        x, padding_mask = token_embedding(tokens), None  # (B, T, d), masked where tokens == 0
+    else:  # every id is a token: the mask is told by `padding_id`, passed to every block
+        ids, padding_mask = TokenPadding(padding_id, name="token_padding")(tokens)  # (B, T)
+        x = token_embedding(ids)  # (B, T, d)
     if position in _EMBEDDED:
-        positions = TokenPositions(name="positions")(tokens)  # (B, T)
+        positions = TokenPositions(padding_id, name="positions")(tokens)  # (B, T)
         if position == "learned":
             embedding = keras_attn.PositionEmbedding(sequence_length, name="position_embedding")
         else:
@@ -222,9 +241,11 @@ def transformer_lm(
             use_bias=use_bias,
             qkv_bias=qkv_bias,
             name=f"decoder_block_{i}",
-        )(x)
+        )(x, decoder_padding_mask=padding_mask)
     if normalize_first:
         x = normalization_layer(normalization, layer_norm_epsilon, "final_norm")(x)
+    if padding_id != 0:  # the mask ends before the projection (no `mask_zero` there)
+        x = DropMask(name="drop_mask")(x)
     logits = token_embedding(x, reverse=True)  # (B, T, vocab_size)
     # -- model --------------------------------------------------------------
     return keras.Model(tokens, logits, name=name)
@@ -256,8 +277,9 @@ def _check_rope_scaling(rope_scaling, position):
 # ---------------------------------------------------------------------------
 
 
-def left_align(tokens: TensorLike) -> TensorLike:
-    """Each row's real tokens (not 0) moved to its end, in order: `[[5, 6, 0]] -> [[0, 5, 6]]`.
+def left_align(tokens: TensorLike, padding_id: int = 0) -> TensorLike:
+    """Each row's real tokens (not `padding_id`) moved to its end, in order: `[[5, 6, 0]] ->
+    [[0, 5, 6]]`.
 
     Prompts padded on either side (or anywhere) become left-padded, so every
     row's next token goes to the same cache position.
@@ -270,7 +292,7 @@ def left_align(tokens: TensorLike) -> TensorLike:
     """
     tokens = ops.convert_to_tensor(tokens, "int32")
     length = ops.shape(tokens)[1]
-    real = ops.cast(ops.not_equal(tokens, 0), "int32")
+    real = ops.cast(ops.not_equal(tokens, padding_id), "int32")
     order = ops.argsort(real * length + ops.arange(length, dtype="int32"), axis=-1)  # pads first
     return ops.take_along_axis(tokens, order, axis=-1)
 
@@ -279,13 +301,19 @@ def _layer_names(model):
     return {layer.name for layer in model.layers}
 
 
-def check_prompts(prompts, vocab_size: int, max_length: int, sequence_length: int | None):
+def check_prompts(
+    prompts,
+    vocab_size: int,
+    max_length: int,
+    sequence_length: int | None,
+    padding_id: int = 0,
+):
     """Eager checks of concrete prompts (a traced tensor passes unchecked).
 
     Raises:
-        ValueError: a row without a real token (all 0), a token id outside
-            `[0, vocab_size)`, or (learned positions) a prompt that with
-            `max_length` new tokens outgrows the position table.
+        ValueError: a row without a real token (all `padding_id`), a token id
+            (not padding) outside `[0, vocab_size)`, or (learned positions) a
+            prompt that with `max_length` new tokens outgrows the position table.
     """
     values = static_array(prompts)
     if values is None:
@@ -296,15 +324,16 @@ def check_prompts(prompts, vocab_size: int, max_length: int, sequence_length: in
         raise TypeError(f"`prompts` must hold integer token ids. Received: dtype={values.dtype}")
     if values.shape[0] == 0:  # no prompts: nothing else to check
         return
-    lengths = np.sum(values != 0, axis=1)
+    lengths = np.sum(values != padding_id, axis=1)
     if values.size == 0 or np.any(lengths == 0):
         empty = np.flatnonzero(lengths == 0).tolist() if values.size else "all"
         raise ValueError(
-            "`prompts` must hold at least one real token per row (0 is padding): a language model "
-            "continues its prompt; start an empty one with a start token (GPT-2: <|endoftext|>). "
-            f"Received: empty rows {empty} of prompts with shape {values.shape}"
+            f"`prompts` must hold at least one real token per row ({padding_id} is padding): a "
+            "language model continues its prompt; start an empty one with a start token "
+            f"(GPT-2: <|endoftext|>). Received: empty rows {empty} of prompts with shape "
+            f"{values.shape}"
         )
-    bad = (values < 0) | (values >= vocab_size)
+    bad = (values != padding_id) & ((values < 0) | (values >= vocab_size))
     if np.any(bad):
         raise ValueError(
             f"`prompts` must hold token ids in [0, vocab_size={vocab_size}). Received: "
@@ -361,6 +390,11 @@ class LanguageModelSteps:
     tokens. A prompt longer than `w` is prefilled at once (each token
     attending within its window) and its last `w` positions kept.
 
+    Padding is the model's `padding_id` (its attribute here: 0, or -1 for a
+    model whose every id is a token, e.g. `from_transformers`'): the prompts'
+    padding, and the id the decoding loops never generate when it is a token
+    id (0).
+
     Args:
         model: a model built by `transformer_lm` (trained or reloaded).
         ring: `None` (rings where the blocks have a sliding window), or
@@ -388,6 +422,10 @@ class LanguageModelSteps:
         )
         self.norm = model.get_layer("final_norm") if "final_norm" in names else None
         self.vocab_size = self.token_embedding.input_dim
+        # The id the prompts are padded with (the decoding loops read it: never generated
+        # when it is a token id, i.e. 0); -1 in a model whose every id is a token.
+        padding = model.get_layer("token_padding") if "token_padding" in names else None
+        self.padding_id = 0 if padding is None else padding.padding_id
         learned = isinstance(self.position_embedding, keras_attn.PositionEmbedding)
         self.sequence_length = self.position_embedding.sequence_length if learned else None
         self._max_length = None
@@ -404,6 +442,8 @@ class LanguageModelSteps:
 
     def _embed(self, tokens, positions):
         """`(B, T)` tokens at `(B, T)` positions -> `(B, T, d)`."""
+        if self.padding_id != 0:  # padding (outside the vocabulary) read as row 0, masked
+            tokens = ops.where(ops.equal(tokens, self.padding_id), 0, tokens)
         x = call_layer(self.token_embedding, tokens)
         if self.position_embedding is not None:
             x = x + call_layer(self.position_embedding, x, positions=positions)
@@ -446,23 +486,23 @@ class LanguageModelSteps:
 
     def start_tokens(self, prompts: TensorLike) -> TensorLike:
         """`(B,)` int32: each prompt's last token, fed at the first step."""
-        return left_align(prompts)[:, -1]
+        return left_align(prompts, self.padding_id)[:, -1]
 
     def start(self, prompts: TensorLike, max_length: int) -> LanguageModelState:
         """Prefills the caches with `(B, P)` prompts (but their last tokens); the initial state."""
-        check_prompts(prompts, self.vocab_size, max_length, self.sequence_length)
-        prompts = left_align(prompts)  # (B, P)
+        check_prompts(prompts, self.vocab_size, max_length, self.sequence_length, self.padding_id)
+        prompts = left_align(prompts, self.padding_id)  # (B, P)
         batch, length = ops.shape(prompts)[0], ops.shape(prompts)[1]
         self._max_length = max_length
         if self.ring:
             caches = [RingKVCache(*b.empty_cache(batch, self.sliding_window)) for b in self.blocks]
         else:
             caches = [b.empty_cache(batch, length - 1 + max_length) for b in self.blocks]
-        positions = TokenPositions()(prompts)  # (B, P)
+        positions = TokenPositions(self.padding_id)(prompts)  # (B, P)
         context = prompts[:, :-1]  # (B, P - 1)
         if not isinstance(length, int) or length > 1:
             x = self._embed(context, positions[:, :-1])
-            _, caches = self._blocks(x, ops.not_equal(context, 0), caches, 0)
+            _, caches = self._blocks(x, ops.not_equal(context, self.padding_id), caches, 0)
         return LanguageModelState(
             caches=caches,
             positions=positions[:, -1],
@@ -485,7 +525,9 @@ class LanguageModelSteps:
         else:
             cache_index = ops.shape(state.caches[0].key)[2] - self._max_length + index
         x = self._embed(tokens, positions)
-        x, caches = self._blocks(x, ops.not_equal(tokens, 0), state.caches, cache_index)
+        x, caches = self._blocks(
+            x, ops.not_equal(tokens, self.padding_id), state.caches, cache_index
+        )
         if self.norm is not None:
             x = call_layer(self.norm, x)
         logits = self._logits(x[:, 0])  # (B, V)

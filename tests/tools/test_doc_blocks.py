@@ -44,6 +44,9 @@ RUN_ELSEWHERE = {
         "tests/tools/test_docs.py::test_readme_coming_from_keras_runs"
     ),
     "AlibiBias()": "tests/tools/test_docs.py::test_biases_doc_runs",
+    'transformers.LlamaForCausalLM(config).save_pretrained("tiny-llama")': (
+        "tests/zoo/test_transformers_checkpoints.py::test_the_docs_round_trip_runs (transformers)"
+    ),
     "keras.distribution.DataParallel(devices=devices)": (
         "tests/compat/test_distribute_jax.py (JAX, several devices)"
     ),
