@@ -16,6 +16,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_attn._execution import xla_traced
 from keras_attn._typing import InitializerLike, TensorLike
 from keras_attn.arguments import check_floating, check_positive_int, check_positive_number
 
@@ -269,9 +270,10 @@ class PositionEmbedding(PositionLayer):
         `0 <= first` and `end <= sequence_length`.
 
         Other backends have no run-time assertion: there the rows outside the
-        table are NaN (see `call`).
+        table are NaN (see `call`); neither has a trace for XLA, which drops
+        TensorFlow's asserts (with a warning each).
         """
-        if keras.backend.backend() != "tensorflow":
+        if keras.backend.backend() != "tensorflow" or xla_traced():
             return
         import tensorflow as tf
 

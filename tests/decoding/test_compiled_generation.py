@@ -121,21 +121,28 @@ def test_compiled_loops_let_the_model_go():
 @pytest.mark.tensorflow_only  # TensorFlow's Assert ops and its retracing warning
 def test_compiled_loops_build_no_assert_under_xla_and_warn_of_no_retracing(caplog):
     """XLA drops TensorFlow's `Assert` ops and logs "Ignoring Assert operator" for each (two
-    per generate call for a 2-block model, in the README's zoo snippet): a trace for XLA
-    builds none (a graph keeps the cache's index check). Each settings' loop is its own
+    per generate call for a 2-block model, in the README's zoo snippet; more with learned
+    positions): a trace for XLA builds none (a graph keeps the cache's index check and the
+    position table's range checks). Each settings' loop is its own
     traced function, so six settings are six first traces, not "retracing" of one."""
     import tensorflow as tf
 
+    import keras_attn
     from keras_attn.cache import check_index
     from keras_attn.models.lm_generation import _compile
 
-    def check(index):
-        return check_index(index, 1, 4)
+    table = keras_attn.PositionEmbedding(8)
+    table.build((1, 1, 4))
 
-    for xla, asserts in ((True, 0), (False, 1)):
+    def check(index):
+        check_index(index, 1, 4)  # the cache's index
+        return table(keras.ops.zeros((1, 1, 4)), start_index=index)  # a learned table's rows
+
+    for xla, expected in ((True, 0), (False, 3)):
         traced = _compile((), check, xla).get_concrete_function(tf.constant(2))
         ops = [op.type for op in traced.graph.get_operations()]
-        assert ops.count("Assert") == asserts, (xla, ops)
+        asserts = [op for op in ops if op in ("Assert", "AssertV2")]
+        assert len(asserts) == expected, (xla, ops)
     model = tiny_lm()
     with caplog.at_level("WARNING"):
         for top_k in range(1, 7):  # a compile each
