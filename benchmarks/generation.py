@@ -301,7 +301,7 @@ def overhead(repeats, smoke=False):
     on/off" being the per-repeat ratio of the two (1.0: free).
     """
     from keras_attn.models import generate, greedy_decode, transformer_seq2seq
-    from keras_attn.models.lm_generation import _compile
+    from keras_attn.models.generation.compiled import _compile
 
     batch, new, prompt = (8, 4, 8) if smoke else (8, NEW, PROMPT)
     inputs = np.random.default_rng(1).integers(1, VOCAB, (batch, prompt)).astype("int32")

@@ -12,7 +12,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.models.sampling import greedy_tokens, sample_tokens, sample_tokens_with
+from keras_attn.models.generation.samplers import greedy_tokens, sample_tokens
+from keras_attn.models.generation.samplers import sample_tokens as sample_tokens_with
 
 
 def np_(x):
