@@ -99,8 +99,9 @@ def beam_search(
     With `repetition_penalty` or `no_repeat_ngram_size`, each hypothesis' logits pass
     through the config's logits processors (`keras_attn.models.generation.processors`:
     CTRL's penalty on the tokens already in the hypothesis, a language model's prompt
-    included; then the tokens that would repeat an n-gram of the hypothesis ruled out) before the log-softmax that ranks them, so the
-    sequence score is under that processed distribution; `return_scores`' token scores
+    included; then the tokens that would repeat an n-gram of the hypothesis ruled out)
+    before the log-softmax that ranks them, so the sequence score is under that processed
+    distribution; `return_scores`' token scores
     stay the model's own.
 
     The settings are today's keywords (positional order `start_id`, `end_id`, `beam_width`,
