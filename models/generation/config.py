@@ -253,7 +253,7 @@ def check_suppress_ids(
     values = suppress_ids
     if isinstance(values, np.ndarray):
         values = values.tolist() if values.ndim == 1 else None  # NumPy ints -> Python ints
-    in_range = f" in [0, vocab_size={vocab_size})" if vocab_size is not None else ""
+    in_range = f" in [0, vocab_size{'' if vocab_size is None else f'={vocab_size}'})"
     if not isinstance(values, list | tuple | set | frozenset | range) or not all(
         is_int(v) and 0 <= v < (vocab_size or np.inf) for v in values
     ):

@@ -115,7 +115,8 @@ def test_config_equals_the_keywords(lm, seq2seq):
         for a, b in zip(expected, got, strict=True):
             np.testing.assert_array_equal(np_(a), np_(b))
     expected = beam_search(seq2seq, SOURCE, 5, START, END, beam_width=3, jit_compile=False)
-    got = beam_search(seq2seq, SOURCE, 5, config=config.replace(beam_width=3), jit_compile=False)
+    beam = GenerationConfig(start_id=START, end_id=END, beam_width=3)
+    got = beam_search(seq2seq, SOURCE, 5, config=beam, jit_compile=False)
     np.testing.assert_array_equal(expected[0], got[0])
     # keywords given with a config replace its fields
     np.testing.assert_array_equal(
