@@ -199,6 +199,24 @@ def test_generate_signature_asserts_name_each_bad_setting(served):
 
 
 @pytest.mark.tensorflow_only
+def test_generate_signature_inputs_are_the_configs_exported_settings(language_model):
+    """The signature's inputs come from `GenerationConfig.exported()` and its rules' dtypes:
+    the names, dtypes and shapes clients have always sent."""
+    import tensorflow as tf
+
+    from keras_attn.models.generation import RULES, GenerationConfig
+
+    _, path = language_model
+    _, inputs = tf.saved_model.load(str(path)).signatures["generate"].structured_input_signature
+    expected = {"text": (tf.string, [None])}
+    expected |= {
+        name: (tf.as_dtype(RULES[name].exported), []) for name in GenerationConfig.exported()
+    }
+    assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == expected
+    assert set(expected) == {"text", *(name for name, _ in BAD), "seed"}
+
+
+@pytest.mark.tensorflow_only
 def test_a_decode_step_loop_streams_the_greedy_tokens(language_model, served):
     text_model, _ = language_model
     np.testing.assert_array_equal(served["stream"], text_model.continue_ids(PROMPTS))
