@@ -41,7 +41,7 @@ class Rule:
             value's range, with `isfinite` `math.isfinite` or `tf.math.is_finite`; None: any.
         optional: None is a value (off).
         exported: the dtype of the scalar an exported `generate` takes it as (None: not
-            exported), and `off`: the value standing for None there.
+            exported; there 0 stands for an integer's None, 1 for a fraction's).
         choices: for `"choice"`.
     """
 
@@ -50,7 +50,6 @@ class Rule:
     holds: Callable[[Any, Callable], Any] | None = None
     optional: bool = False
     exported: str | None = None
-    off: Any = None
     choices: tuple = ()
 
     def message(self, name: str, value: Any) -> str:
@@ -99,19 +98,19 @@ RULES = {
     ),
     "top_k": Rule(
         "int", "None or an integer >= 0 (0 = off)", lambda x, finite: x >= 0, optional=True,
-        exported="int32", off=0,
+        exported="int32",
     ),
     "top_p": Rule(
         "number", "None or a number in (0, 1]", lambda x, finite: (x > 0) & (x <= 1),
-        optional=True, exported="float32", off=1.0,
+        optional=True, exported="float32",
     ),
-    "seed": Rule("int", "None or an integer", optional=True, exported="int32", off=0),
+    "seed": Rule("int", "None or an integer", optional=True, exported="int32"),
     "suppress_ids": Rule("ids", "a sequence of token ids"),
     "repetition_penalty": Rule(
         "number",
         f"a positive number a float32 holds (at most {FLOAT32_MAX:.4g}; 1 = off)",
         lambda x, finite: finite(x) & (x > 0) & (x <= FLOAT32_MAX),
-        optional=True, exported="float32", off=1.0,
+        optional=True, exported="float32",
     ),
     "no_repeat_ngram_size": Rule(
         "int", "a non-negative integer (0 = off)", lambda x, finite: x >= 0, optional=True
