@@ -137,7 +137,7 @@ class DecodingLoop:
             history = ops.concatenate([carry.before, carry.outputs], axis=1)  # (B, K + T)
             length = ops.shape(carry.before)[1] + index
         for processor in self.processors:
-            logits = processor(logits, index, history, length)
+            logits = processor.apply(logits, index, history, length)
         return logits
 
     def record(self, carry: Carry, index, tokens, state, scores=None, alignment=None) -> Carry:

@@ -1,13 +1,15 @@
 """Logits processors: what a decoding step does to its next-token logits before the choice.
 
-Each is one object, `processor(logits (B, V), index, history, length) -> logits`, built
-from the `GenerationConfig` (`logits_processors`): padding and `suppress_ids` ruled out
+Each is one object, `processor.apply(logits (B, V), index, history, length) -> logits`,
+built from the `GenerationConfig` (`logits_processors`): padding and `suppress_ids` ruled out
 (`RuleOut`), CTRL's repetition penalty (`RepetitionPenalty`), no-repeat n-grams
 (`NoRepeatNgram`). `index` is the step (the number of new tokens so far), `history` a row's
 tokens so far `(B, K + T)` (a language model's prompt or a seq2seq decoder's start token,
 then the outputs, 0 where not written yet) and `length` how many of them count
 (`K + index`); a processor that reads the history says so (`needs_history`: else the two are
-None). A new control is a config field and one processor here (`logits_processors`).
+None). A new control is a config field and one processor here (`logits_processors`). (A
+method, not `__call__`: AutoGraph, which converts the loops `tf.function` compiles, cannot
+call an object.)
 
 Everything is `keras.ops` on fixed shapes, so it runs eagerly, inside `tf.function` (XLA too)
 and `jax.jit`; `penalty` and `length` may be scalar tensors (a SavedModel's per-request
@@ -39,7 +41,7 @@ class RuleOut:
     def __init__(self, suppress_ids=()):
         self.suppress_ids = tuple(suppress_ids)
 
-    def __call__(self, logits, index, history=None, length=None):
+    def apply(self, logits, index, history=None, length=None):
         return rule_out(logits, self.suppress_ids)
 
 
@@ -51,7 +53,7 @@ class RepetitionPenalty:
     def __init__(self, penalty):
         self.penalty = penalty
 
-    def __call__(self, logits, index, history, length):
+    def apply(self, logits, index, history, length):
         seen = seen_tokens(history, ops.shape(logits)[-1])  # outputs not written yet: 0
         return penalize_repetition(logits, seen, self.penalty)
 
@@ -65,7 +67,7 @@ class NoRepeatNgram:
     def __init__(self, n):
         self.n = n
 
-    def __call__(self, logits, index, history, length):
+    def apply(self, logits, index, history, length):
         banned = banned_ngram_tokens(history, length, self.n, ops.shape(logits)[-1])
         return ban(logits, banned)
 
