@@ -212,7 +212,7 @@ class GenerationConfig:
         """`self`, or `ValueError` naming a `start_id`, `end_id` or `suppress_ids` outside
         `[1, vocab_size)` (`[0, vocab_size)` for `suppress_ids`); None: not known."""
         check_lengths(1, self.start_id, self.end_id, vocab_size)
-        check_suppress_ids(self.suppress_ids, vocab_size)
+        check_suppress_ids(list(self.suppress_ids), vocab_size)  # (named as a list of ids)
         return self
 
 
