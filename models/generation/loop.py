@@ -96,7 +96,8 @@ class DecodingLoop:
     def __init__(self, steps, config: GenerationConfig, choose=None, tensors=None):
         self.steps, self.config = steps, config
         self.choose = choose or token_chooser(config)
-        self.processors = logits_processors(config, tensors)
+        self.padding_id = getattr(steps, "padding_id", 0)  # -1: every id is a token
+        self.processors = logits_processors(config, tensors, self.padding_id)
         self.needs_history = any(p.needs_history for p in self.processors)
         self._steps_step = alignment_step(steps) if config.return_alignment else steps.step
 
@@ -107,9 +108,10 @@ class DecodingLoop:
         batch = ops.shape(encoder_inputs)[0]
         tokens = first_tokens(self.steps, encoder_inputs, self.config.start_id)
         before = scores = alignment = ()
-        if self.needs_history:  # what the row holds before its outputs, (B, K)
+        if self.needs_history:  # what the row holds before its outputs, (B, K), 0 = none
             continues = hasattr(self.steps, "start_tokens")
-            before = left_align(encoder_inputs) if continues else tokens[:, None]
+            before = left_align(encoder_inputs, self.padding_id) if continues else tokens[:, None]
+            before = ops.where(ops.equal(before, self.padding_id), 0, before)
         if self.config.return_scores:
             scores = ops.zeros((batch, max_length), "float32")
         if self.config.return_alignment:

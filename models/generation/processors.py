@@ -33,16 +33,17 @@ _LARGEST = {"float16": 65504.0, "bfloat16": (2 - 2**-7) * 2.0**127}
 
 
 class RuleOut:
-    """Token 0 (padding, never a real output token) and the `suppress_ids` (checked Python
-    ints) at `-inf`; the ids are a constant of the trace (one compiled loop per setting)."""
+    """Token 0 (padding, never a real output token, unless the model's `padding_id` is
+    negative: then 0 is a token) and the `suppress_ids` (checked Python ints) at `-inf`; the
+    ids are a constant of the trace (one compiled loop per setting)."""
 
     needs_history = False
 
-    def __init__(self, suppress_ids=()):
-        self.suppress_ids = tuple(suppress_ids)
+    def __init__(self, suppress_ids=(), padding_id=0):
+        self.suppress_ids, self.padding_id = tuple(suppress_ids), padding_id
 
     def apply(self, logits, index, history=None, length=None):
-        return rule_out(logits, self.suppress_ids)
+        return rule_out(logits, self.suppress_ids, self.padding_id)
 
 
 class RepetitionPenalty:
@@ -72,11 +73,14 @@ class NoRepeatNgram:
         return ban(logits, banned)
 
 
-def logits_processors(config: GenerationConfig, tensors: dict | None = None) -> list:
+def logits_processors(
+    config: GenerationConfig, tensors: dict | None = None, padding_id: int = 0
+) -> list:
     """The processors of `config`, in the order they apply; `tensors` may hold a scalar
-    tensor `repetition_penalty` (an exported model's per-request setting: always applied)."""
+    tensor `repetition_penalty` (an exported model's per-request setting: always applied);
+    `padding_id`: the model's (negative: token 0 is a token, not ruled out)."""
     tensors = tensors or {}
-    processors = [RuleOut(config.suppress_ids)]
+    processors = [RuleOut(config.suppress_ids, padding_id)]
     penalty = tensors.get("repetition_penalty", config.repetition_penalty)
     if not _is_off(penalty, 1.0):
         processors.append(RepetitionPenalty(penalty))
@@ -91,9 +95,12 @@ def _is_off(value: Any, off: float) -> bool:
     return value is None or (isinstance(value, numbers.Real) and value == off)
 
 
-def rule_out(logits: TensorLike, suppress_ids=()) -> TensorLike:
-    """Logits `(B, V)` with token 0 (padding) and the `suppress_ids` (Python ints) `-inf`."""
-    ids = ops.convert_to_tensor(np.array((0, *suppress_ids), "int32"))  # (K,)
+def rule_out(logits: TensorLike, suppress_ids=(), padding_id: int = 0) -> TensorLike:
+    """Logits `(B, V)` with token 0 (padding; unless `padding_id` is negative: then 0 is a
+    token) and the `suppress_ids` (Python ints) `-inf`."""
+    padding = (0,) if padding_id == 0 else ()
+    # (K,); -1 matches no id and keeps K >= 1
+    ids = ops.convert_to_tensor(np.array((*padding, *suppress_ids, -1), "int32"))
     vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")  # (V,)
     ruled_out = ops.any(ops.equal(ops.expand_dims(vocabulary, -1), ids), axis=-1)  # (V,)
     return ops.where(ruled_out, ops.cast(float("-inf"), logits.dtype), logits)
