@@ -210,9 +210,10 @@ def xla_memory(run):
     """MiB of XLA's buffers for the program `run()` compiles first (JAX): temp, arguments, output.
 
     `jax.jit` is wrapped while `run` makes its first call, so that the jitted function
-    it builds (ours in `models.lm_generation`, keras-hub's in `CausalLM.make_generate_function`)
-    and the arguments of its first call are kept; the program is lowered and compiled again
-    with them and XLA's `memory_analysis()` read. With several programs, the largest temp.
+    it builds (ours in `models.generation.compiled`, keras-hub's in
+    `CausalLM.make_generate_function`) and the arguments of its first call are kept; the
+    program is lowered and compiled again with them and XLA's `memory_analysis()` read. With
+    several programs, the largest temp.
     """
     import jax
 
@@ -296,12 +297,12 @@ def overhead(repeats, smoke=False):
 
     `generate` greedy with `return_scores=True` (the language model of the rows), and a
     `transformer_seq2seq` of the same size decoding 8 sources of 32 tokens with
-    `greedy_decode(..., return_alignment=True)` under XLA (`lm_generation._compile`:
+    `greedy_decode(..., return_alignment=True)` under XLA (`generation.compiled._compile`:
     `tf.function(jit_compile=True)`, `jax.jit`). Prints a table; returns its rows, "time
     on/off" being the per-repeat ratio of the two (1.0: free).
     """
     from keras_attn.models import generate, greedy_decode, transformer_seq2seq
-    from keras_attn.models.lm_generation import _compile
+    from keras_attn.models.generation.compiled import _compile
 
     batch, new, prompt = (8, 4, 8) if smoke else (8, NEW, PROMPT)
     inputs = np.random.default_rng(1).integers(1, VOCAB, (batch, prompt)).astype("int32")

@@ -27,23 +27,28 @@ if __name__ != "keras_attn.models":  # e.g. `import models` from the repository 
         f"(`from keras_attn import models`). Received: import {__name__}"
     )
 
-import importlib
-
-from keras_attn.models import layers, text
-from keras_attn.models.checkpoints import from_transformers, to_transformers
-from keras_attn.models.distribution import check_layout, layout_map
-from keras_attn.models.han import hierarchical_attention_network
-from keras_attn.models.pointer_network import pointer_network
-from keras_attn.models.rnn_seq2seq import rnn_seq2seq
-from keras_attn.models.runtimes import export_onnx, export_tflite
-from keras_attn.models.transformer_classifier import transformer_classifier
-from keras_attn.models.transformer_lm import transformer_lm
-from keras_attn.models.transformer_seq2seq import transformer_seq2seq
-
-# Decoding loads on first use (`export_seq2seq` imports TensorFlow only when it runs).
-_DECODING = ("beam_search", "export_seq2seq", "greedy_decode", "pointer_decode", "sample_decode")
+from . import decoding, generation, layers, text
+from .checkpoints import from_transformers, to_transformers
+from .distribution import check_layout, layout_map
+from .generation import (
+    GenerationConfig,
+    beam_search,
+    export_seq2seq,
+    generate,
+    greedy_decode,
+    sample_decode,
+)
+from .han import hierarchical_attention_network
+from .pointer_decoding import pointer_decode
+from .pointer_network import pointer_network
+from .rnn_seq2seq import rnn_seq2seq
+from .runtimes import export_onnx, export_tflite
+from .transformer_classifier import transformer_classifier
+from .transformer_lm import transformer_lm
+from .transformer_seq2seq import transformer_seq2seq
 
 __all__ = [
+    "GenerationConfig",
     "beam_search",
     "check_layout",
     "decoding",
@@ -52,6 +57,7 @@ __all__ = [
     "export_tflite",
     "from_transformers",
     "generate",
+    "generation",
     "greedy_decode",
     "hierarchical_attention_network",
     "layers",
@@ -66,16 +72,3 @@ __all__ = [
     "transformer_lm",
     "transformer_seq2seq",
 ]
-
-
-def __getattr__(name):
-    if name == "generate":  # a language model's continuation (`transformer_lm`)
-        return importlib.import_module("keras_attn.models.lm_generation").generate
-    if name == "decoding" or name in _DECODING:
-        decoding = importlib.import_module("keras_attn.models.decoding")
-        return decoding if name == "decoding" else getattr(decoding, name)
-    raise AttributeError(f"module 'keras_attn.models' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))

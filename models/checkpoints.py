@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 import keras
 import numpy as np
 
-from keras_attn.models.layers import gelu_approximate
-from keras_attn.models.transformer_lm import transformer_lm
+from .layers import gelu_approximate
+from .transformer_lm import transformer_lm
 
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2")
 _ARCHITECTURES = {

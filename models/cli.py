@@ -280,10 +280,11 @@ def _parser():
 
 def _export(args):
     """`keras-attn export`: the folder written, or exit status 1 naming what is missing."""
-    from keras_attn.models import text, to_transformers
+    from . import text
+    from .checkpoints import to_transformers
 
     try:
-        model = text.load_run(args.task, args.runs_dir)
+        model = text.load_run(args.task, args.runs_dir, _text_tasks())
         if not isinstance(model, text.TextLanguageModel):
             raise ValueError(f"{args.task!r} is not a language model task (transformer-lm)")
         to_transformers(model, args.directory)
@@ -299,36 +300,28 @@ _GENERATION_FLAGS = (*_SAMPLING_FLAGS, "repetition_penalty", "no_repeat_ngram_si
 
 
 def _generation(args):
-    """`predict`'s generation settings from its flags (`generate`'s arguments): greedy unless
-    a sampling flag is given; `ValueError` naming the flag for a bad value."""
-    from keras_attn.models.logits_processors import (
-        check_no_repeat_ngram_size,
-        check_repetition_penalty,
-    )
-    from keras_attn.models.sampling import check_sampling
+    """`predict`'s generation settings from its flags: `config` (a `GenerationConfig`, greedy
+    unless a sampling flag is given) where a setting's flag is given, and `max_length` where
+    given; `{}` for none. `ValueError` naming the flag for a bad value."""
+    from .generation import GenerationConfig
+    from .generation.config import check_setting
 
     given = {name: getattr(args, name) for name in _GENERATION_FLAGS}
-    generation = {}
+    generation, settings = {}, {}
     try:
         if any(given[name] is not None for name in _SAMPLING_FLAGS):
             temperature = 1.0 if given["temperature"] is None else given["temperature"]
-            temperature, top_k, top_p, seed = check_sampling(
-                temperature, given["top_k"], given["top_p"], given["seed"]
-            )
-            generation.update(
-                sampler="sample", temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
-            )
-        if given["repetition_penalty"] is not None:
-            generation["repetition_penalty"] = check_repetition_penalty(given["repetition_penalty"])
-        if given["no_repeat_ngram_size"] is not None:
-            size = check_no_repeat_ngram_size(given["no_repeat_ngram_size"])
-            generation["no_repeat_ngram_size"] = size
-        if given["max_length"] is not None:
-            if given["max_length"] < 1:  # the run's own bound: checked once loaded
-                raise ValueError(
-                    f"`max_length` must be a positive integer. Received: {given['max_length']}"
-                )
-            generation["max_length"] = given["max_length"]
+            settings.update(
+                sampler="sample", temperature=temperature, top_k=given["top_k"],
+                top_p=given["top_p"], seed=given["seed"],
+            )  # fmt: skip
+        for name in ("repetition_penalty", "no_repeat_ngram_size"):
+            if given[name] is not None:
+                settings[name] = given[name]
+        if settings:
+            generation["config"] = GenerationConfig(**settings)
+        if given["max_length"] is not None:  # the run's own bound: checked once loaded
+            generation["max_length"] = check_setting("max_length", given["max_length"])
     except ValueError as error:  # name the flag, not the argument
         message = str(error)
         for name in _GENERATION_FLAGS:
@@ -337,9 +330,19 @@ def _generation(args):
     return generation
 
 
+def _text_tasks():
+    """`{task: whether it is a text task}` of `keras-attn train`; None where the recipes
+    cannot be imported (they need tensorflow-datasets, which loading a run does not)."""
+    try:
+        from . import recipes
+    except ImportError:
+        return None
+    return {name: run.text for name, (_, run) in recipes.TASKS.items()}
+
+
 def _predict(args):
     """`keras-attn predict`: one line per input, in order; exit status 1 without a run."""
-    from keras_attn.models import text
+    from . import text
 
     try:
         generation = _generation(args)
@@ -348,7 +351,7 @@ def _predict(args):
         return 2
     texts = args.text if args.text else [line.rstrip("\n") for line in sys.stdin]
     try:
-        model = text.load_run(args.task, args.runs_dir)
+        model = text.load_run(args.task, args.runs_dir, _text_tasks())
     except (FileNotFoundError, ValueError) as error:
         print(f"keras-attn predict: error: {error}", file=sys.stderr)
         return 1
@@ -476,8 +479,8 @@ def main(argv=None):
         return _predict(args)
     if args.command == "export":
         return _export(args)
-    from keras_attn.models import recipes  # imports TensorFlow: after argument parsing
-    from keras_attn.models.files import write_atomically
+    from . import recipes  # imports TensorFlow: after argument parsing
+    from .files import write_atomically
 
     if args.command == "list":
         width = max(map(len, recipes.TASKS))

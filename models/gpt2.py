@@ -3,8 +3,8 @@
 import keras
 import numpy as np
 
-from keras_attn.models.layers import gelu_approximate
-from keras_attn.models.transformer_lm import transformer_lm
+from .layers import gelu_approximate
+from .transformer_lm import transformer_lm
 
 
 def from_gpt2_backbone(backbone, sequence_length: int | None = None, **kwargs) -> keras.Model:

@@ -3,7 +3,8 @@
 import keras
 
 import keras_attn
-from keras_attn.models.layers import FoldIntoBatch, MeanPooling, PaddingMask, UnfoldFromBatch
+
+from .layers import FoldIntoBatch, MeanPooling, PaddingMask, UnfoldFromBatch
 
 _POOLINGS = ("attention", "mean")
 

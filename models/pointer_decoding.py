@@ -13,7 +13,8 @@ import numpy as np
 
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import is_int
-from keras_attn.models.geometry import open_polygon
+
+from .geometry import open_polygon
 
 # ---------------------------------------------------------------------------
 # Shared helpers

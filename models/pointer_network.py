@@ -3,7 +3,8 @@
 import keras
 
 import keras_attn
-from keras_attn.models.layers import ChosenPositionsMask, PointerDecoderInputs
+
+from .layers import ChosenPositionsMask, PointerDecoderInputs
 
 # ---------------------------------------------------------------------------
 # Encoders: (points (B, N, d), units) -> (states (B, N, units), decoder initial state)

@@ -19,7 +19,8 @@ import numpy as np
 
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_positive_int
-from keras_attn.models.decoding import pointer_decode, polygon_decode, predict_batch
+
+from .pointer_decoding import pointer_decode, polygon_decode, predict_batch
 
 
 def _turn(o, a, b):

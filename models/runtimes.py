@@ -22,8 +22,8 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 
-from keras_attn.models.files import write_atomically
-from keras_attn.models.text import TextLanguageModel
+from .files import write_atomically
+from .text import TextLanguageModel
 
 SIGNATURES = ("prefill", "decode_step", "greedy_decode")
 # `decode_step`'s cache inputs in ONNX: an ONNX graph's inputs and outputs cannot share a

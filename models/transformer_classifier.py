@@ -3,7 +3,8 @@
 import keras
 
 import keras_attn
-from keras_attn.models.layers import MeanPooling
+
+from .layers import MeanPooling
 
 _POOLINGS = ("mean", "attention")
 

@@ -11,9 +11,10 @@ from keras_attn._execution import call_layer
 from keras_attn._typing import ActivationLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_rate
 from keras_attn.cache import RingKVCache
-from keras_attn.models.layers import DropMask, TokenPadding, TokenPositions, check_padding_id
 from keras_attn.positional import static_array
 from keras_attn.transformer_block import normalization_layer
+
+from .layers import DropMask, TokenPadding, TokenPositions, check_padding_id
 
 POSITIONS = ("learned", "sinusoidal", "rotary", "alibi")
 # `rope_scaling`'s keys: `keras_attn.RotaryEmbedding`'s scaling arguments.
@@ -360,9 +361,10 @@ class LanguageModelState(NamedTuple):
         positions: int32 `(B,)`: each row's position for its next token (its count of real
             tokens fed so far, so padding shifts nothing).
         cache_index: int32 `(B,)`: the cache position the next token is written at (the
-            left-aligned prompt's length - 1, then + 1 a step; the same in every row): a
-            ring's positions grow past its length, so the state carries it. `None` (a state
-            built by hand for full caches) is accepted without rings.
+            left-aligned prompt's length - 1, then + 1 a step; the same in every row): the
+            state carries it (a ring's positions grow past its length, and a full cache's
+            depend on the call's `max_length`), so a step needs nothing of the call besides
+            its state.
     """
 
     caches: list
@@ -428,7 +430,6 @@ class LanguageModelSteps:
         self.padding_id = 0 if padding is None else padding.padding_id
         learned = isinstance(self.position_embedding, keras_attn.PositionEmbedding)
         self.sequence_length = self.position_embedding.sequence_length if learned else None
-        self._max_length = None
         windows = [block.sliding_window for block in self.blocks]
         self.sliding_window = None if None in windows else max(windows)
         if ring not in (None, True, False):
@@ -493,7 +494,6 @@ class LanguageModelSteps:
         check_prompts(prompts, self.vocab_size, max_length, self.sequence_length, self.padding_id)
         prompts = left_align(prompts, self.padding_id)  # (B, P)
         batch, length = ops.shape(prompts)[0], ops.shape(prompts)[1]
-        self._max_length = max_length
         if self.ring:
             caches = [RingKVCache(*b.empty_cache(batch, self.sliding_window)) for b in self.blocks]
         else:
@@ -515,15 +515,12 @@ class LanguageModelSteps:
         """`(B,)` tokens, the `index`-th fed -> next-token logits `(B, V)` and the new state."""
         tokens = ops.expand_dims(ops.cast(tokens, "int32"), 1)  # (B, 1)
         positions = ops.expand_dims(state.positions, 1)  # (B, 1)
-        if self.ring:
-            if state.cache_index is None:
-                raise ValueError(
-                    "Ring caches need the state's `cache_index` (from `start`). Received: "
-                    "LanguageModelState(cache_index=None)"
-                )
-            cache_index = ops.max(state.cache_index, initial=0)  # the rows agree; B may be 0
-        else:
-            cache_index = ops.shape(state.caches[0].key)[2] - self._max_length + index
+        if state.cache_index is None:
+            raise ValueError(
+                "A step needs the state's `cache_index` (from `start`). Received: "
+                "LanguageModelState(cache_index=None)"
+            )
+        cache_index = ops.max(state.cache_index, initial=0)  # the rows agree; B may be 0
         x = self._embed(tokens, positions)
         x, caches = self._blocks(
             x, ops.not_equal(tokens, self.padding_id), state.caches, cache_index
@@ -531,5 +528,4 @@ class LanguageModelSteps:
         if self.norm is not None:
             x = call_layer(self.norm, x)
         logits = self._logits(x[:, 0])  # (B, V)
-        cache_index = None if state.cache_index is None else state.cache_index + 1
-        return logits, LanguageModelState(caches, state.positions + 1, cache_index)
+        return logits, LanguageModelState(caches, state.positions + 1, state.cache_index + 1)

@@ -17,22 +17,22 @@ Importing this package registers the builders with tensorflow-datasets:
 tensorflow-datasets installed.
 """
 
-from keras_attn.models.datasets.builders import (
-    SPLITS,
-    KerasAttnConvexHull,
-    KerasAttnSeq2seq,
-    KerasAttnSorting,
-    SyntheticConfig,
-)
-from keras_attn.models.datasets.bundled import KerasAttnRtPolarity, KerasAttnUiStrings
-from keras_attn.models.datasets.loading import PAD_INDEX, PAD_VALUE, load, padding_values
-from keras_attn.models.geometry import (
+from ..geometry import (
     convex_hull_indices,
     hull_metrics,
     is_simple_polygon,
     open_polygon,
     polygon_area,
 )
+from .builders import (
+    SPLITS,
+    KerasAttnConvexHull,
+    KerasAttnSeq2seq,
+    KerasAttnSorting,
+    SyntheticConfig,
+)
+from .bundled import KerasAttnRtPolarity, KerasAttnUiStrings
+from .loading import PAD_INDEX, PAD_VALUE, load, padding_values
 
 __all__ = [
     "PAD_INDEX",

@@ -13,8 +13,8 @@ import zlib
 import numpy as np
 import tensorflow_datasets as tfds
 
-from keras_attn.models.datasets.bundled import LocalBuilder
-from keras_attn.models.geometry import convex_hull_indices
+from ..geometry import convex_hull_indices
+from .bundled import LocalBuilder
 
 SPLITS = ("train", "validation", "test")
 _POINTER_NETWORKS = "https://arxiv.org/abs/1506.03134"
@@ -111,7 +111,7 @@ class KerasAttnSorting(_SyntheticBuilder):
     Example:
 
     ```python
-    import keras_attn.models.datasets
+    from .. import datasets  # noqa: F401
     ds = keras_attn.models.datasets.load("keras_attn_sorting/n10", "train", batch_size=128)
     # (inputs (128, 10, 1) float32, targets (128, 10) int32)
     ```
@@ -171,7 +171,7 @@ class KerasAttnConvexHull(_SyntheticBuilder):
     Example:
 
     ```python
-    import keras_attn.models.datasets
+    from .. import datasets  # noqa: F401
     ds = keras_attn.models.datasets.load("keras_attn_convex_hull/n5-50", "train", batch_size=128)
     # (inputs (128, None, 2) float32 padded with -1.0, targets (128, None) int32 padded with -1)
     ```
@@ -238,7 +238,7 @@ class KerasAttnSeq2seq(_SyntheticBuilder):
 
     ```python
     import tensorflow_datasets as tfds
-    import keras_attn.models.datasets  # registers the builders
+    from .. import datasets  # noqa: F401   registers the builders
     ds = tfds.load("keras_attn_seq2seq/reverse-5-20", split="train", as_supervised=True)
     # (b"q b x", b"x b q"), ...: scalar strings, ready for keras.layers.TextVectorization
     ```

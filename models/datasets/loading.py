@@ -3,7 +3,7 @@
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from keras_attn.models.datasets.bundled import LocalBuilder
+from .bundled import LocalBuilder
 
 PAD_VALUE = -1.0  # pads float inputs: outside [0, 1), so `keras.layers.Masking(PAD_VALUE)` works
 PAD_INDEX = -1  # pads integer (pointer) targets: never a valid index
@@ -74,7 +74,7 @@ def load(name, split="train", data_dir=None, *, batch_size=None, shuffle_files=F
     Example:
 
     ```python
-    from keras_attn.models import datasets
+    from .. import datasets
     ds = datasets.load("keras_attn_sorting/tiny", "test", "/tmp/tfds", batch_size=16)
     inputs, targets = next(iter(ds))  # (16, 5, 1) float32, (16, 5) int32
     ```

@@ -16,7 +16,7 @@ import contextlib
 
 import keras
 
-from keras_attn.models.recipes.common import (
+from .common import (
     BackupAndRestore,
     Result,
     Settings,
@@ -27,10 +27,10 @@ from keras_attn.models.recipes.common import (
     mesh_error,
     writes_files,
 )
-from keras_attn.models.recipes.language_model import language_model_task
-from keras_attn.models.recipes.pointer import pointer_task
-from keras_attn.models.recipes.seq2seq import Training, seq2seq_task
-from keras_attn.models.recipes.text_classification import imdb_task
+from .language_model import language_model_task
+from .pointer import pointer_task
+from .seq2seq import Training, seq2seq_task
+from .text_classification import imdb_task
 
 # ---------------------------------------------------------------------------
 # The tasks

@@ -15,7 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_attn.arguments import is_int
-from keras_attn.models.datasets import loading
+
+from ..datasets import loading
 
 START, END = "<s>", "</s>"
 
@@ -198,7 +199,7 @@ def build_model(build, settings):
     """
     if settings.mesh is None:
         return build()
-    from keras_attn import models
+    from ... import models
 
     batch, parts = settings.mesh
     devices = keras.distribution.list_devices()[: batch * parts]
@@ -474,7 +475,7 @@ def numpy_pairs(ds):
 def text_vectorizer(texts, max_tokens=None):
     """A `TextVectorization` adapted on `texts` (0 = padding, 1 = unknown), its words split at
     any Unicode space, as the text models split them (`text.split_words`)."""
-    from keras_attn.models import text
+    from .. import text
 
     vectorizer = keras.layers.TextVectorization(
         max_tokens=max_tokens, standardize=None, split=text.split_words

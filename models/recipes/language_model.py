@@ -22,9 +22,10 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from keras_attn import models
-from keras_attn.models import text
-from keras_attn.models.recipes.common import (
+from ... import models
+from .. import text
+from ..training import build_for_fit
+from .common import (
     END,
     START,
     Result,
@@ -36,7 +37,6 @@ from keras_attn.models.recipes.common import (
     take,
     text_vectorizer,
 )
-from keras_attn.models.training import build_for_fit
 
 # ---------------------------------------------------------------------------
 # Defaults

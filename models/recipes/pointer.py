@@ -24,11 +24,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from keras_attn import models
-from keras_attn.models.datasets import loading
-from keras_attn.models.geometry import hull_report, open_polygon, rotate_to_lowest_index
-from keras_attn.models.pointer_search import polygon_beam_search, sort_decode
-from keras_attn.models.recipes.common import (
+from ... import models
+from ..datasets import loading
+from ..geometry import hull_report, open_polygon, rotate_to_lowest_index
+from ..pointer_search import polygon_beam_search, sort_decode
+from ..training import build_for_fit
+from .common import (
     EpochProgress,
     Result,
     adam_warmup_cosine,
@@ -36,7 +37,6 @@ from keras_attn.models.recipes.common import (
     numpy_pairs,
     take,
 )
-from keras_attn.models.training import build_for_fit
 
 EPOCHS = 10  # passes over the training examples unless `Settings.epochs` says otherwise
 CHUNK = 250  # steps between two checkpoints of `--backup-dir`
@@ -51,6 +51,9 @@ FINAL_WEIGHTS = "final.weights.h5"  # in `backup_dir` after training, for `evalu
 # ---------------------------------------------------------------------------
 # Pointer networks: sorting and planar convex hull
 # ---------------------------------------------------------------------------
+
+
+DEFAULT_DATASETS = {}  # task name -> its default dataset, as `pointer_task` made it
 
 
 def pointer_task(task_name, default_dataset):
@@ -102,7 +105,7 @@ def pointer_task(task_name, default_dataset):
         return Result(name, model, metrics, export, plot)
 
     run.__name__ = task_name
-    run.default_dataset = default_dataset
+    run.default_dataset = DEFAULT_DATASETS[task_name] = default_dataset
     run.options = {"n", "eval_n"}  # the `Settings` fields only this kind of task reads
     run.text = False  # no text model: `keras-attn predict` does not take it
     run.defaults = f"{EPOCHS} epochs over the whole train split"
@@ -286,9 +289,7 @@ def evaluate_backup(task_name, settings):
     `latest.weights.h5`), and evaluates like the recipe does, at the training size and
     every `settings.eval_n`. Returns `(metrics, steps trained)`.
     """
-    from keras_attn.models.recipes import TASKS  # the task's default dataset
-
-    default = TASKS[task_name][1].default_dataset
+    default = DEFAULT_DATASETS[task_name]  # (recipes.TASKS made the task: it is there)
     name = settings.dataset or sized_dataset(default, settings.n)
     hull = name.startswith("keras_attn_convex_hull")
     model = build_model(hull)

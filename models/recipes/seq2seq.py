@@ -23,9 +23,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import models
-from keras_attn.models import bleu, text
-from keras_attn.models.recipes.common import (
+from ... import models
+from .. import bleu, text
+from ..training import build_for_fit
+from .common import (
     END,
     START,
     Result,
@@ -36,7 +37,6 @@ from keras_attn.models.recipes.common import (
     take,
     text_vectorizer,
 )
-from keras_attn.models.training import build_for_fit
 
 # ---------------------------------------------------------------------------
 # Seq2seq on text pairs: generated tasks and ted_hrlr_translate

@@ -4,10 +4,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_attn import models
-from keras_attn.models import text
-from keras_attn.models.recipes.common import Result, load_supervised, progress_verbosity, take
-from keras_attn.models.training import build_for_fit
+from ... import models
+from .. import text
+from ..training import build_for_fit
+from .common import Result, load_supervised, progress_verbosity, take
 
 # ---------------------------------------------------------------------------
 # Text classification: imdb_reviews with a Transformer or a HAN

@@ -41,7 +41,7 @@ their base class), `seq2seq` (`TextSeq2Seq`), `language_model` (`TextLanguageMod
 from `keras_attn.models.text`.
 """
 
-from keras_attn.models.text.base import (
+from .base import (
     OOV,
     PADDING,
     SPACE,
@@ -49,14 +49,14 @@ from keras_attn.models.text.base import (
     split_words,
     string_lookup,
 )
-from keras_attn.models.text.classifier import TextClassifier
-from keras_attn.models.text.language_model import (
+from .classifier import TextClassifier
+from .language_model import (
     PUNCTUATION,
     TextLanguageModel,
     split_punctuation,
 )
-from keras_attn.models.text.runs import RUNS, load_run
-from keras_attn.models.text.seq2seq import TextSeq2Seq
+from .runs import RUNS, load_run
+from .seq2seq import TextSeq2Seq
 
 __all__ = [
     "OOV",

@@ -5,8 +5,8 @@ import tempfile
 import keras
 import numpy as np
 
-from keras_attn.models.files import write_atomically
-from keras_attn.models.text.base import (
+from ..files import write_atomically
+from .base import (
     _REGISTER,
     _check_export_backend,
     _strings,

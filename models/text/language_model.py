@@ -6,18 +6,16 @@ from collections.abc import Iterator
 import keras
 import numpy as np
 
-from keras_attn.models.files import write_atomically
-from keras_attn.models.text.base import (
+from ..files import write_atomically
+from .base import (
     _REGISTER,
     OOV,
     _asset_lookup,
     _at_least_one_column,
     _check_export_backend,
     _check_tokens,
-    _generation_specs,
     _join_words,
     _positive,
-    _sampled_generation,
     _strings,
     _TextModel,
     _unfamiliar,
@@ -43,6 +41,13 @@ def split_punctuation(text):
 
     lower = normalize_spaces(tf.strings.lower(text, encoding="utf-8"))
     return tf.strings.regex_replace(lower, PUNCTUATION, r" \1 ")
+
+
+def _suppress_by_default(generation, suppress_ids):
+    """The model's `suppress_ids` unless the settings (keywords or a config) give theirs."""
+    config = generation.get("config")
+    if "suppress_ids" not in generation and not (config and config.suppress_ids):
+        generation["suppress_ids"] = suppress_ids
 
 
 @_REGISTER
@@ -91,7 +96,7 @@ class TextLanguageModel(_TextModel):
         suppress_tokens: tuple | list = (OOV,),
         **kwargs,
     ):
-        from keras_attn.models.transformer_lm import LanguageModelSteps
+        from ..transformer_lm import LanguageModelSteps
 
         super().__init__(**kwargs)
         for name, value in (("max_length", max_length), ("prompt_length", prompt_length)):
@@ -192,12 +197,13 @@ class TextLanguageModel(_TextModel):
             text: prompts `(B,)`.
             max_length: the most new tokens, at most the text model's `max_length` (None:
                 that).
-            **generation: `sampler` (`"greedy"`, `"sample"`, `"beam"`), `temperature`,
-                `top_k`, `top_p`, `seed`, `repetition_penalty`, `no_repeat_ngram_size`,
-                `jit_compile` (here False unless given), `suppress_ids` (here the ids of
-                `suppress_tokens` unless given) ... of `keras_attn.models.generate`.
+            **generation: `config` (a `GenerationConfig`) or its keywords, `sampler`
+                (`"greedy"`, `"sample"`, `"beam"`), `temperature`, `top_k`, `top_p`, `seed`,
+                `repetition_penalty`, `no_repeat_ngram_size`, `suppress_ids` (here the ids of
+                `suppress_tokens` unless given) ..., and `jit_compile` (here False unless
+                given), of `keras_attn.models.generate`.
         """
-        from keras_attn.models.lm_generation import generate
+        from ..generation import generate
 
         max_length = self._length(max_length)
         prompts = np.asarray(self.prompt_ids(text))
@@ -205,7 +211,7 @@ class TextLanguageModel(_TextModel):
             return np.zeros((0, max_length), "int32")
         # Eager by default: compiling the loop (XLA) takes longer than a few prompts' decoding.
         generation.setdefault("jit_compile", False)
-        generation.setdefault("suppress_ids", self.suppress_ids)
+        _suppress_by_default(generation, self.suppress_ids)
         return generate(self.language_model, prompts, max_length, self.end_id, **generation)
 
     def predict_text(self, text, **generation) -> list:
@@ -245,14 +251,14 @@ class TextLanguageModel(_TextModel):
         >>> for words in text_model.stream_text(["the movie is"]):  # doctest: +SKIP
         ...     print(words[0], end=" ", flush=True)
         """
-        from keras_attn.models.lm_generation import generate
+        from ..generation import generate
 
         max_length = self._length(max_length)
         prompts = np.asarray(self.prompt_ids(text))
         if not len(prompts):  # no prompts, no words
             return
         generation.setdefault("jit_compile", False)
-        generation.setdefault("suppress_ids", self.suppress_ids)
+        _suppress_by_default(generation, self.suppress_ids)
         vocabulary, end_id = self.lookup.get_vocabulary(), self.end_id
         ended = np.zeros(len(prompts), bool)
         steps = generate(
@@ -303,8 +309,9 @@ class TextLanguageModel(_TextModel):
         """
         import tensorflow as tf
 
-        from keras_attn.models.decoding import greedy_decode
-        from keras_attn.models.transformer_lm import LanguageModelSteps
+        from ..generation import GenerationConfig, greedy_decode
+        from ..generation.export import generation_specs, sampled_generation
+        from ..transformer_lm import LanguageModelSteps
 
         _check_export_backend()
         model, end_id, suppress_ids = self.language_model, self.end_id, self.suppress_ids
@@ -346,13 +353,15 @@ class TextLanguageModel(_TextModel):
 
             archive.add_endpoint("serving_default", serving_default)
 
-            @tf.function(input_signature=_generation_specs(), autograph=False)
-            def generate(text, max_length, temperature, top_k, top_p, seed, repetition_penalty):
-                decoded = _sampled_generation(
-                    LanguageModelSteps(model), self.prompt_ids(text, lookup), None, end_id,
-                    suppress_ids, self.max_length, max_length=max_length,
-                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    repetition_penalty=repetition_penalty,
+            config = GenerationConfig(end_id=end_id, suppress_ids=suppress_ids)
+
+            # The settings' inputs and checks: `GenerationConfig.exported()` and its `RULES`
+            @tf.function(input_signature=generation_specs(), autograph=False)
+            def generate(text, *settings):
+                settings = dict(zip(GenerationConfig.exported(), settings, strict=True))
+                decoded = sampled_generation(
+                    LanguageModelSteps(model), self.prompt_ids(text, lookup), config,
+                    self.max_length, **settings,
                 )  # fmt: skip
                 text = _join_words(decoded.tokens, words(all_ids), self.end_token)
                 return {"text": text, "tokens": decoded.tokens, "scores": decoded.scores}
@@ -367,15 +376,16 @@ class TextLanguageModel(_TextModel):
         import tensorflow as tf
 
         from keras_attn.cache import KVCache
-        from keras_attn.models.decoding import _ruled_out
-        from keras_attn.models.transformer_lm import LanguageModelState, LanguageModelSteps
+
+        from ..generation.processors import rule_out
+        from ..transformer_lm import LanguageModelState, LanguageModelSteps
 
         model, suppress_ids, max_length = self.language_model, self.suppress_ids, self.max_length
 
         def outputs(logits, state, index):
             stacked = [c.to_stacked() for c in state.caches]  # L of (B, 2, S, g, d)
             return {
-                "logits": _ruled_out(tf.cast(logits, tf.float32), suppress_ids),  # (B, V)
+                "logits": rule_out(tf.cast(logits, tf.float32), suppress_ids),  # (B, V)
                 "keys": tf.stack([s[:, 0] for s in stacked], axis=1),  # (B, L, S, g, dk)
                 "values": tf.stack([s[:, 1] for s in stacked], axis=1),  # (B, L, S, g, dv)
                 "valid": state.caches[0].valid,  # (B, S): the same in every block
@@ -411,12 +421,13 @@ class TextLanguageModel(_TextModel):
             with tf.control_dependencies([tf.debugging.Assert(in_range, [message, index])]):
                 index = tf.identity(index)
             steps = LanguageModelSteps(model, ring=False)
-            steps._max_length = max_length  # what `start` sets: the cache's new positions
             caches = [  # (5-D tensors at most: TFLite's slices take no more)
                 KVCache.from_stacked(tf.stack([keys[:, i], values[:, i]], axis=1), valid)
                 for i in range(len(steps.blocks))
             ]
-            state = LanguageModelState(caches=caches, positions=positions)
+            # The cache position of this token: the prefill's `P - 1`, then one a step
+            written = tf.shape(keys)[2] - max_length + index
+            state = LanguageModelState(caches, positions, tf.fill(tf.shape(positions), written))
             logits, state = steps.step(tf.cast(token, tf.int32), index, state)
             return outputs(logits, state, index + 1)
 

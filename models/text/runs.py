@@ -4,19 +4,21 @@ import os
 
 import keras
 
-from keras_attn.models.text.classifier import TextClassifier
-from keras_attn.models.text.language_model import TextLanguageModel
-from keras_attn.models.text.seq2seq import TextSeq2Seq
+from .classifier import TextClassifier
+from .language_model import TextLanguageModel
+from .seq2seq import TextSeq2Seq
 
 RUNS = "keras_attn_runs"
 
 
-def load_run(task: str, runs_dir: str = RUNS) -> keras.Model:
+def load_run(task: str, runs_dir: str = RUNS, tasks: dict | None = None) -> keras.Model:
     """The text model of `task`'s last run in `runs_dir` (what `keras-attn train` wrote).
 
     Args:
         task: a text task of `keras-attn list` (seq2seq, language model or classifier).
         runs_dir: the run directory (`keras-attn train --output`).
+        tasks: `{task: whether it is a text task}` of `keras-attn train` (the CLI passes the
+            recipes'), so a missing run of a task that is none says so; None: not known.
 
     Returns:
         A `TextSeq2Seq`, `TextLanguageModel` or `TextClassifier`: `predict_text(["..."])`
@@ -31,7 +33,6 @@ def load_run(task: str, runs_dir: str = RUNS) -> keras.Model:
     """
     path = os.path.join(runs_dir, f"{task}.keras")
     if not os.path.exists(path):
-        tasks = _tasks()
         if tasks is not None and not tasks.get(task):  # no text task: no use training it
             what = "no text task" if task in tasks else "no task of keras-attn"
             raise FileNotFoundError(
@@ -50,13 +51,3 @@ def load_run(task: str, runs_dir: str = RUNS) -> keras.Model:
             f"takes the text tasks (seq2seq, language model, classifiers). Received: task={task!r}"
         )
     return model
-
-
-def _tasks():
-    """`{task: whether it is a text task}` of `keras-attn train`; None where the recipes
-    cannot be imported (they need tensorflow-datasets, which loading a run does not)."""
-    try:
-        from keras_attn.models import recipes
-    except ImportError:
-        return None
-    return {name: run.text for name, (_, run) in recipes.TASKS.items()}

@@ -5,17 +5,15 @@ import tempfile
 import keras
 import numpy as np
 
-from keras_attn.models.files import write_atomically
-from keras_attn.models.text.base import (
+from ..files import write_atomically
+from .base import (
     _REGISTER,
     _asset_lookup,
     _at_least_one_column,
     _check_export_backend,
     _check_tokens,
-    _generation_specs,
     _join_words,
     _positive,
-    _sampled_generation,
     _strings,
     _TextModel,
     _unfamiliar,
@@ -140,7 +138,7 @@ class TextSeq2Seq(_TextModel):
         """
         import tensorflow as tf
 
-        from keras_attn.models.decoding import greedy_decode
+        from ..generation import greedy_decode
 
         source = self.source_ids(text)
         start_id, end_id = self._ids()
@@ -180,9 +178,8 @@ class TextSeq2Seq(_TextModel):
         """
         import tensorflow as tf
 
-        from keras_attn.models.beam_decoding import beam_search_loop
-        from keras_attn.models.decoding import decoding_steps
-        from keras_attn.models.seq2seq_export import seq2seq_archive
+        from ..generation import GenerationConfig, beam_search_loop, decoding_steps
+        from ..generation.export import generation_specs, sampled_generation, seq2seq_archive
 
         _check_export_backend(" (`export_seq2seq` exports the token model from jax)")
         if not _positive(beam_width):
@@ -212,13 +209,15 @@ class TextSeq2Seq(_TextModel):
 
             archive.add_endpoint("serving_default", serving_default)
 
-            @tf.function(input_signature=_generation_specs(), autograph=False)
-            def generate(text, max_length, temperature, top_k, top_p, seed, repetition_penalty):
+            config = GenerationConfig(start_id=start_id, end_id=end_id)
+
+            # The settings' inputs and checks: `GenerationConfig.exported()` and its `RULES`
+            @tf.function(input_signature=generation_specs(), autograph=False)
+            def generate(text, *settings):
                 source = self.source_ids(text, source_lookup)
-                decoded = _sampled_generation(
-                    decoding_steps(self.seq2seq), source, start_id, end_id, (), self.max_length,
-                    max_length=max_length, temperature=temperature, top_k=top_k, top_p=top_p,
-                    seed=seed, repetition_penalty=repetition_penalty,
+                decoded = sampled_generation(
+                    decoding_steps(self.seq2seq), source, config, self.max_length,
+                    **dict(zip(GenerationConfig.exported(), settings, strict=True)),
                 )  # fmt: skip
                 text = self._ids_to_text(decoded.tokens, source, target_words(all_ids))
                 return {"text": text, "tokens": decoded.tokens, "scores": decoded.scores}
@@ -229,8 +228,9 @@ class TextSeq2Seq(_TextModel):
             def beam_search(text):
                 source = self.source_ids(text, source_lookup)
                 beams = beam_search_loop(
-                    self.seq2seq, source, self.max_length, start_id, end_id, beam_width
-                )
+                    self.seq2seq, source, self.max_length,
+                    config=config.replace(sampler="beam", beam_width=beam_width),
+                )  # fmt: skip
                 text = self._ids_to_text(beams.tokens, source, target_words(all_ids))
                 return {"text": text, "score": beams.sequence_scores}
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_attn.models import generate, transformer_lm
-from keras_attn.models.lm_generation import _COMPILED
+from keras_attn.models.generation.compiled import _COMPILED
 
 pytestmark = pytest.mark.xla  # TensorFlow and JAX: torch runs `generate` eagerly
 
@@ -70,7 +70,7 @@ def quantize_and_rescale(model):
 @pytest.fixture
 def hoisted(monkeypatch):
     """The kernels `loop_kernels` read, per traced loop (`models.lm_generation`'s)."""
-    from keras_attn.models import lm_generation
+    from keras_attn.models.generation import lm as lm_generation
 
     read = []
     original = lm_generation.loop_kernels
@@ -129,7 +129,7 @@ def test_compiled_loops_build_no_assert_under_xla_and_warn_of_no_retracing(caplo
 
     import keras_attn
     from keras_attn.cache import check_index
-    from keras_attn.models.lm_generation import _compile
+    from keras_attn.models.generation.compiled import _compile
 
     table = keras_attn.PositionEmbedding(8)
     table.build((1, 1, 4))

@@ -14,15 +14,18 @@ from keras_attn.models import (
     transformer_lm,
     transformer_seq2seq,
 )
-from keras_attn.models.decoding import _decode
-from keras_attn.models.logits_processors import (
-    banned_ngram_tokens,
+from keras_attn.models.generation import GenerationConfig
+from keras_attn.models.generation import decode as decode_loop
+from keras_attn.models.generation.config import (
     check_no_repeat_ngram_size,
     check_repetition_penalty,
+)
+from keras_attn.models.generation.processors import (
+    banned_ngram_tokens,
     penalize_repetition,
     seen_tokens,
 )
-from keras_attn.models.sampling import greedy_tokens
+from keras_attn.models.generation.samplers import greedy_tokens
 from model_checks import favour_token
 
 pytestmark = pytest.mark.backends
@@ -371,9 +374,8 @@ def test_alignment_is_collected_per_step_and_zero_after_the_end():
 
 
 def _decode_with(steps, source, **options):
-    decoded = _decode(
-        steps, source, 4, START, 3, lambda logits, index: greedy_tokens(logits), **options
-    )
+    config = GenerationConfig(start_id=START, end_id=3, **options)
+    decoded = decode_loop(steps, source, 4, config, lambda logits, index: greedy_tokens(logits))
     return np_(decoded.tokens), np_(decoded.alignment)
 
 

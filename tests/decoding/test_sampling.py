@@ -9,12 +9,12 @@ import tensorflow as tf
 
 from keras_attn.models import greedy_decode, transformer_seq2seq
 from keras_attn.models.decoding import sample_decode
-from keras_attn.models.sampling import (
+from keras_attn.models.generation.samplers import (
     greedy_tokens,
     sample_tokens,
-    sample_tokens_with,
     top_k_lowest_first,
 )
+from keras_attn.models.generation.samplers import sample_tokens as sample_tokens_with
 from model_checks import padded_tokens
 
 pytestmark = pytest.mark.jax_slow  # on TensorFlow and torch in CI

@@ -12,7 +12,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_attn.models.sampling import greedy_tokens, sample_tokens, sample_tokens_with
+from keras_attn.models.generation.samplers import greedy_tokens, sample_tokens
+from keras_attn.models.generation.samplers import sample_tokens as sample_tokens_with
 
 
 def np_(x):
@@ -195,6 +196,24 @@ def test_generate_signature_asserts_name_each_bad_setting(served):
         assert f"`{name}` must be" in message[0] and f"Received: {name}=" in message[0], message
         assert f"[{value:g}]" in message[0], message  # the value received
     assert served["empty"] == {"text": 0, "tokens": 0, "scores": 0}  # no prompts: no rows
+
+
+@pytest.mark.tensorflow_only
+def test_generate_signature_inputs_are_the_configs_exported_settings(language_model):
+    """The signature's inputs come from `GenerationConfig.exported()` and its rules' dtypes:
+    the names, dtypes and shapes clients have always sent."""
+    import tensorflow as tf
+
+    from keras_attn.models.generation import RULES, GenerationConfig
+
+    _, path = language_model
+    _, inputs = tf.saved_model.load(str(path)).signatures["generate"].structured_input_signature
+    expected = {"text": (tf.string, [None])}
+    expected |= {
+        name: (tf.as_dtype(RULES[name].exported), []) for name in GenerationConfig.exported()
+    }
+    assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == expected
+    assert set(expected) == {"text", *(name for name, _ in BAD), "seed"}
 
 
 @pytest.mark.tensorflow_only

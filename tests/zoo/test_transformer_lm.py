@@ -189,7 +189,8 @@ def test_auto_compile_chooses_by_the_size_of_the_weights(monkeypatch):
     """`jit_compile="auto"`: the one-shot loop under XLA whatever the size; a streamed step
     under XLA up to `XLA_MAX_WEIGHT_BYTES` of weights, a TensorFlow graph above (JAX:
     `jax.jit` either way); the same tokens, one-shot and streamed."""
-    from keras_attn.models import generate, lm_generation
+    from keras_attn.models import generate
+    from keras_attn.models.generation import compiled as lm_generation
 
     model = _lm(num_layers=1)
     nbytes = 4 * model.count_params()  # float32 weights
@@ -239,7 +240,7 @@ def test_greedy_with_suppressed_ids_equals_the_full_pass():
 def test_compiled_generation_with_suppressed_ids():
     """Compiled: the same tokens as the full pass; one trace per `suppress_ids` setting."""
     from keras_attn.models import generate
-    from keras_attn.models.lm_generation import _COMPILED
+    from keras_attn.models.generation.compiled import _COMPILED
 
     model = _lm(num_layers=1)
     suppress = tuple(np.unique(_greedy_reference(model, PROMPTS, 2)))
@@ -256,7 +257,7 @@ def test_sampling_never_emits_suppressed_ids():
     """A model whose likeliest token is suppressed: never drawn, whatever the seed and
     truncation; with the same draws, the tokens of the full pass with that id ruled out."""
     from keras_attn.models import generate
-    from keras_attn.models.sampling import sample_tokens
+    from keras_attn.models.generation.samplers import sample_tokens
 
     model = favour_token(_lm(num_layers=1), 7)
     prompts = np.tile(PROMPTS, (8, 1))  # 24 rows, each its own draws
@@ -300,7 +301,7 @@ def test_bad_suppress_ids():
 
 def test_sampling_equals_the_full_pass_with_the_same_draws():
     from keras_attn.models import generate
-    from keras_attn.models.sampling import sample_tokens
+    from keras_attn.models.generation.samplers import sample_tokens
 
     model = _lm(position="alibi")
     options = dict(temperature=0.8, top_k=8, top_p=0.9)

@@ -210,7 +210,7 @@ def _llama_lm(**options):
 def test_compiled_generation_reads_the_gated_kernels_once(monkeypatch):
     """TensorFlow's XLA loop hoists all seven kernels of a block (q, k, v, o, up, gate, down);
     the tokens are the uncached full pass's (greedy)."""
-    from keras_attn.models import lm_generation
+    from keras_attn.models.generation import lm as lm_generation
 
     read, original = [], lm_generation.loop_kernels
 

@@ -1,65 +1,117 @@
-"""Repetition controls on a decoder's next-token logits: CTRL's penalty and no-repeat n-grams.
+"""Logits processors: what a decoding step does to its next-token logits before the choice.
 
-The decoding loops (`keras_attn.models.decoding`, beam search, the exported `generate`) call
-these once per step, between ruling out padding and choosing the token. Everything is
-`keras.ops` on fixed shapes, so it runs eagerly, inside `tf.function` (XLA too) and `jax.jit`;
-`penalty` and `length` may be scalar tensors (a SavedModel's per-request settings).
+Each is one object, `processor.apply(logits (B, V), index, history, length) -> logits`,
+built from the `GenerationConfig` (`logits_processors`): padding and `suppress_ids` ruled out
+(`RuleOut`), CTRL's repetition penalty (`RepetitionPenalty`), no-repeat n-grams
+(`NoRepeatNgram`). `index` is the step (the number of new tokens so far), `history` a row's
+tokens so far `(B, K + T)` (a language model's prompt or a seq2seq decoder's start token,
+then the outputs, 0 where not written yet) and `length` how many of them count
+(`K + index`); a processor that reads the history says so (`needs_history`: else the two are
+None). A new control is a config field and one processor here (`logits_processors`). (A
+method, not `__call__`: AutoGraph, which converts the loops `tf.function` compiles, cannot
+call an object.)
+
+Everything is `keras.ops` on fixed shapes, so it runs eagerly, inside `tf.function` (XLA too)
+and `jax.jit`; `penalty` and `length` may be scalar tensors (a SavedModel's per-request
+settings).
 """
 
-import math
 import numbers
+from typing import Any
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_attn._typing import TensorLike
-from keras_attn.arguments import is_int
 
-_FLOAT32_MAX = float(np.finfo("float32").max)
+from .config import FLOAT32_MAX as _FLOAT32_MAX
+from .config import GenerationConfig
+
 # The largest finite value of a logits dtype narrower than float32 (float32's otherwise).
 _LARGEST = {"float16": 65504.0, "bfloat16": (2 - 2**-7) * 2.0**127}
 
 
-def check_repetition_penalty(value: float | None) -> float:
-    """`repetition_penalty` as a Python float (None: 1.0, off), or `ValueError` naming it.
+class RuleOut:
+    """Token 0 (padding, never a real output token, unless the model's `padding_id` is
+    negative: then 0 is a token) and the `suppress_ids` (checked Python ints) at `-inf`; the
+    ids are a constant of the trace (one compiled loop per setting)."""
 
-    Example:
+    needs_history = False
 
-    >>> check_repetition_penalty(None), check_repetition_penalty(2)
-    (1.0, 2.0)
-    """
-    if value is None:
-        return 1.0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or not 0 < value <= _FLOAT32_MAX
-    ):
-        raise ValueError(
-            "`repetition_penalty` must be a positive number a float32 holds (at most "
-            f"{_FLOAT32_MAX:.4g}; 1 = off). Received: repetition_penalty={value!r}"
-        )
-    return float(value)
+    def __init__(self, suppress_ids=(), padding_id=0):
+        self.suppress_ids, self.padding_id = tuple(suppress_ids), padding_id
+
+    def apply(self, logits, index, history=None, length=None):
+        return rule_out(logits, self.suppress_ids, self.padding_id)
 
 
-def check_no_repeat_ngram_size(value: int | None) -> int:
-    """`no_repeat_ngram_size` as a Python int (None: 0, off), or `ValueError` naming it.
+class RepetitionPenalty:
+    """CTRL's penalty (`penalize_repetition`) on the tokens in the row's history."""
 
-    Example:
+    needs_history = True
 
-    >>> check_no_repeat_ngram_size(None), check_no_repeat_ngram_size(3)
-    (0, 3)
-    """
-    if value is None:
-        return 0
-    if not is_int(value) or value < 0:
-        raise ValueError(
-            "`no_repeat_ngram_size` must be a non-negative integer (0 = off). "
-            f"Received: no_repeat_ngram_size={value!r}"
-        )
-    return int(value)
+    def __init__(self, penalty):
+        self.penalty = penalty
+
+    def apply(self, logits, index, history, length):
+        seen = seen_tokens(history, ops.shape(logits)[-1])  # outputs not written yet: 0
+        return penalize_repetition(logits, seen, self.penalty)
+
+
+class NoRepeatNgram:
+    """The tokens that would repeat an n-gram of the row's history banned (`-inf`), unless
+    that bans every token of a row (a tiny vocabulary: then not enforced at that step)."""
+
+    needs_history = True
+
+    def __init__(self, n):
+        self.n = n
+
+    def apply(self, logits, index, history, length):
+        banned = banned_ngram_tokens(history, length, self.n, ops.shape(logits)[-1])
+        return ban(logits, banned)
+
+
+def logits_processors(
+    config: GenerationConfig, tensors: dict | None = None, padding_id: int = 0
+) -> list:
+    """The processors of `config`, in the order they apply; `tensors` may hold a scalar
+    tensor `repetition_penalty` (an exported model's per-request setting: always applied);
+    `padding_id`: the model's (negative: token 0 is a token, not ruled out)."""
+    tensors = tensors or {}
+    processors = [RuleOut(config.suppress_ids, padding_id)]
+    penalty = tensors.get("repetition_penalty", config.repetition_penalty)
+    if not _is_off(penalty, 1.0):
+        processors.append(RepetitionPenalty(penalty))
+    if config.no_repeat_ngram_size:
+        processors.append(NoRepeatNgram(config.no_repeat_ngram_size))
+    return processors
+
+
+def _is_off(value: Any, off: float) -> bool:
+    """Whether a setting is off: None, or a Python (NumPy) number equal to `off` (a tensor
+    never is: an exported model's per-request setting)."""
+    return value is None or (isinstance(value, numbers.Real) and value == off)
+
+
+def rule_out(logits: TensorLike, suppress_ids=(), padding_id: int = 0) -> TensorLike:
+    """Logits `(B, V)` with token 0 (padding; unless `padding_id` is negative: then 0 is a
+    token) and the `suppress_ids` (Python ints) `-inf`."""
+    padding = (0,) if padding_id == 0 else ()
+    # (K,); -1 matches no id and keeps K >= 1
+    ids = ops.convert_to_tensor(np.array((*padding, *suppress_ids, -1), "int32"))
+    vocabulary = ops.arange(ops.shape(logits)[-1], dtype="int32")  # (V,)
+    ruled_out = ops.any(ops.equal(ops.expand_dims(vocabulary, -1), ids), axis=-1)  # (V,)
+    return ops.where(ruled_out, ops.cast(float("-inf"), logits.dtype), logits)
+
+
+def ban(logits: TensorLike, banned: TensorLike) -> TensorLike:
+    """Logits `(B, V)` with the `banned` tokens `-inf`; a row whose every token would then be
+    `-inf` keeps its logits (the n-grams cannot all be avoided: a tiny vocabulary)."""
+    allowed = ops.where(banned, ops.cast(float("-inf"), logits.dtype), logits)
+    left = ops.any(allowed > float("-inf"), axis=-1, keepdims=True)  # (B, 1)
+    return ops.where(left, allowed, logits)
 
 
 def _token_mask(tokens, counts, vocab_size):

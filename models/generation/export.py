@@ -1,20 +1,24 @@
-"""`export_seq2seq`: a SavedModel of a seq2seq model that decodes inside its graph.
+"""Generation in a SavedModel: `export_seq2seq`, and the exported `generate` signature's
+per-request settings, derived from `GenerationConfig`.
 
-Also importable from `keras_attn.models` and `keras_attn.models.decoding`. It needs
-TensorFlow (a SavedModel is TensorFlow's format) and the tensorflow or jax
-backend; `greedy_decode` and the other decoders do not.
+`export_seq2seq` writes a SavedModel of a seq2seq model that decodes inside its graph (also
+importable from `keras_attn.models`). It needs TensorFlow (a SavedModel is TensorFlow's
+format) and the tensorflow or jax backend; `greedy_decode` and the other decoders do not.
+
+The text models' `generate` signature takes `text` and the settings that
+`GenerationConfig.exported()` names, as scalars (`generation_specs`), and gates each on its
+`RULES` predicate in the graph (`checked_settings`): one rule set for Python and the export.
 """
 
 import keras
 from keras import ops
 
-from keras_attn.models.decoding import (
-    check_lengths,
-    decoder_vocab_size,
-    decoding_steps,
-    greedy_decode,
-)
-from keras_attn.models.files import write_atomically
+from ..files import write_atomically
+from .config import RULES, GenerationConfig, check_lengths
+from .decoders import greedy_decode
+from .loop import Decoded, decode
+from .samplers import token_chooser
+from .steps import decoder_vocab_size, decoding_steps
 
 
 def export_seq2seq(
@@ -111,6 +115,7 @@ def seq2seq_archive(model, max_length, start_id, end_id=None):
     steps = decoding_steps(model)
     vocab_size = decoder_vocab_size(steps, model)
     max_length, start_id, end_id = check_lengths(max_length, start_id, end_id, vocab_size)
+    config = GenerationConfig(start_id=start_id, end_id=end_id)
     if not isinstance(model.input, dict):
         raise ValueError(
             "`model` must take a dict of named inputs (the zoo's `{'encoder_inputs', "
@@ -120,7 +125,7 @@ def seq2seq_archive(model, max_length, start_id, end_id=None):
 
     def decode(encoder_inputs):
         source = ops.cast(encoder_inputs, "int32")
-        return greedy_decode(model, source, max_length, start_id, end_id, steps=steps)
+        return greedy_decode(model, source, max_length, config=config, steps=steps)
 
     # On TensorFlow, `serving_default` calls the `greedy_decode` function: the decoding loop
     # is traced (and stored in the SavedModel) once per dtype, not once per signature.
@@ -133,3 +138,72 @@ def seq2seq_archive(model, max_length, start_id, end_id=None):
     archive.track(model)
     add_endpoints(archive, {"greedy_decode": decoder, "serve": teacher_forced}, tuple(model.input))
     return archive, decoder
+
+
+# ---------------------------------------------------------------------------
+# The exported `generate`: per-request settings as scalar tensors
+# ---------------------------------------------------------------------------
+
+
+def generation_specs() -> list:
+    """The `generate` signature's inputs: `text` `(B,)` and the scalar settings, by name
+    (`GenerationConfig.exported()`, each of its rule's dtype)."""
+    import tensorflow as tf
+
+    settings = [
+        tf.TensorSpec((), RULES[name].exported, name=name) for name in GenerationConfig.exported()
+    ]
+    return [tf.TensorSpec((None,), tf.string, name="text"), *settings]
+
+
+def checked_settings(limit: int, **settings) -> dict:
+    """The `generate` signature's settings, each gated on a `tf.debugging.Assert` of its
+    `RULES` predicate (the one Python's `GenerationConfig` applies), naming it.
+
+    `max_length` at most `limit` too. The error names the argument and the received value,
+    before anything runs on a bad one (no shape error from deep inside).
+    """
+    import tensorflow as tf
+
+    asserts = []
+    for name, value in settings.items():
+        rule = RULES[name]
+        if rule.holds is None:
+            continue
+        holds, must = rule.holds(value, tf.math.is_finite), rule.must
+        if name == "max_length":
+            holds, must = tf.logical_and(holds, value <= limit), f"{must} at most {limit}"
+        message = f"`{name}` must be {must}. Received: {name}="
+        asserts.append(tf.debugging.Assert(holds, [message, value]))
+    with tf.control_dependencies(asserts):
+        return {name: tf.identity(value) for name, value in settings.items()}
+
+
+def uniform_draws(seed, max_length, batch):
+    """float32 `(max_length, batch)` draws from `U[0, 1)`: on TensorFlow, what
+    `keras.random.uniform((max_length, batch), seed=seed)` draws for a Python int `seed`
+    (`[seed, 0]` int64, mod `2**31 - 2`, as int32: the stateless Philox seed), with a tensor
+    `seed`; so an exported `generate` samples what Python's `generate` samples."""
+    import tensorflow as tf
+
+    pair = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
+    pair = tf.cast(tf.math.floormod(pair, tf.int32.max - 1), tf.int32)
+    shape = tf.stack([tf.cast(max_length, tf.int32), tf.cast(batch, tf.int32)])
+    return tf.random.stateless_uniform(
+        shape, seed=pair, minval=tf.constant(0.0), maxval=tf.constant(1.0), dtype=tf.float32
+    )
+
+
+def sampled_generation(steps, source, config: GenerationConfig, limit: int, **settings) -> Decoded:
+    """The decoding loop with the `generate` signature's tensor `settings`, checked
+    (`checked_settings`, `max_length` at most `limit`): `config`'s fixed settings (its ids,
+    `suppress_ids`), `sample_tokens` on the tensors' temperature, top-k and top-p, drawing
+    from `seed` (`uniform_draws`); returns the `Decoded` tokens and scores."""
+    import tensorflow as tf
+
+    settings = checked_settings(limit, **settings)
+    uniform = uniform_draws(settings["seed"], settings["max_length"], tf.shape(source)[0])
+    config = config.replace(sampler="sample", return_scores=True)
+    tensors = {k: v for k, v in settings.items() if k not in ("max_length", "seed")}
+    choose = token_chooser(config, uniform, tensors)
+    return decode(steps, source, settings["max_length"], config, choose, tensors)

@@ -1,78 +1,37 @@
 """`generate`: a language model's continuation of its prompts, compiled where the backend allows."""
 
-import contextlib
-import math
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import keras
 import numpy as np
 from keras import ops
 
-from keras_attn._execution import no_gradients, xla_tracing
+from keras_attn._execution import no_gradients
 from keras_attn._typing import TensorLike
 from keras_attn.matmul_einsum_dense import loop_kernels
-from keras_attn.models import decoding
-from keras_attn.models.logits_processors import (
-    check_no_repeat_ngram_size,
-    check_repetition_penalty,
-)
-from keras_attn.models.sampling import check_sampling, greedy_tokens, sample_tokens
-from keras_attn.models.transformer_lm import LanguageModelSteps, check_prompts
 
-SAMPLERS = ("greedy", "sample", "beam")
-# TensorFlow, `jit_compile="auto"`: the weights (bytes) above which a streamed step runs as a
-# TensorFlow graph (`tf.function`, oneDNN's kernels) rather than under XLA. The one-shot
-# greedy and sampled loops run under XLA whatever the size: they read their kernels once,
-# outside the loop (`keras_attn.matmul_einsum_dense.loop_kernels`), and there XLA's CPU
-# kernels read weights faster than oneDNN's (a GPT-2-small-sized model, 474 MiB, batch 1:
-# 22.7 ms a step, 95 % of the copy bandwidth, where the graph's took 43.8; benchmarks/
-# README.md, "The roofline"). A streamed step is one compiled call per token: it reads the
-# kernels inside, where XLA turns each matrix-vector product into a plain loop (474 MiB:
-# 59.5 ms a step against the graph's 49.7; 137 MiB, 13.6 against 14.7 ms; 18 MiB, 2.2
-# against 3.1 ms; `python -m benchmarks.profile decode`, the 2-core machine).
-XLA_MAX_WEIGHT_BYTES = 256 * 2**20
-_COMPILED = weakref.WeakKeyDictionary()  # model -> _CompiledLoops
+from ..transformer_lm import LanguageModelSteps, check_prompts
+from .beam import beam_search
+from .compiled import _small, compiled_loop
+from .config import GenerationConfig, check_setting, config_from
+from .loop import DecodingLoop
+from .samplers import token_chooser
 
-
-class _CompiledLoops(dict):
-    """A model's compiled loops, by settings, for the variables they were traced with.
-
-    A traced loop holds the model's variables and call path as they were (TensorFlow's
-    graph captures the variables it read): `enable_lora` adds variables and a LoRA term,
-    `quantize` replaces a kernel by an int8 one and its scale. Either changes the list of
-    variables (which `model.variables` holds in its order), so the loops of another list
-    are dropped and traced again; new values in the same variables need no new trace.
-    """
-
-    def __init__(self, variables):
-        super().__init__()
-        self.variables = variables  # held: a variable freed could give its id to a new one
-
-    def traced_with(self, variables):
-        return len(variables) == len(self.variables) and all(
-            a is b for a, b in zip(variables, self.variables, strict=True)
-        )
+_POSITIONAL = (
+    "end_id", "sampler", "temperature", "top_k", "top_p", "seed", "beam_width",
+    "length_penalty", "jit_compile", "suppress_ids", "repetition_penalty",
+    "no_repeat_ngram_size", "return_scores", "stream",
+)  # fmt: skip
 
 
 def generate(
     model: keras.Model,
     prompts: TensorLike,
     max_length: int,
-    end_id: int | None = None,
-    sampler: str = "greedy",
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    beam_width: int = 4,
-    length_penalty: float = 0.6,
-    jit_compile: bool | str = "auto",
-    suppress_ids: Sequence[int] | np.ndarray = (),
-    repetition_penalty: float | None = None,
-    no_repeat_ngram_size: int = 0,
-    return_scores: bool = False,
-    stream: bool = False,
+    *args,
+    config: GenerationConfig | None = None,
+    **settings,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray] | Iterator:
     """The next `max_length` tokens of a `transformer_lm` after each prompt.
 
@@ -118,6 +77,12 @@ def generate(
     `(tokens, scores)` pairs of `(B,)` arrays. The settings are checked at the call, the
     model runs as the iterator is read.
 
+    The settings are a `GenerationConfig` (`config=`), or today's keywords, which build one
+    (the same tokens; positional after `max_length` in this order: `end_id`, `sampler`,
+    `temperature`, `top_k`, `top_p`, `seed`, `beam_width`, `length_penalty`, `jit_compile`,
+    `suppress_ids`, `repetition_penalty`, `no_repeat_ngram_size`, `return_scores`,
+    `stream`); keywords given with a config replace its fields.
+
     Args:
         model: a model built by `transformer_lm`.
         prompts: int tokens `(B, P)`, 0 = padding; every row needs a real
@@ -127,7 +92,7 @@ def generate(
             padded with 0 after it.
         sampler: `"greedy"`, `"sample"` or `"beam"`.
         temperature, top_k, top_p, seed: of `"sample"` (see
-            `keras_attn.models.decoding.sample_decode`).
+            `keras_attn.models.sample_decode`).
         beam_width, length_penalty: of `"beam"` (see `beam_search`; it needs
             `end_id`).
         jit_compile: `"auto"`, `True` (XLA on TensorFlow, whatever the size) or
@@ -146,6 +111,7 @@ def generate(
             controls, the temperature, top-k and top-p), 0.0 after a row's end. For
             `"beam"`, the chosen sequence's per-token log-probabilities.
         stream: return an iterator of each step's tokens (not with `"beam"`).
+        config: a `GenerationConfig` holding the settings (None: from the keywords).
 
     Returns:
         int32 NumPy `(B, max_length)`: the new tokens; `(tokens, scores)` with
@@ -161,7 +127,7 @@ def generate(
 
     Example:
 
-    >>> from keras_attn.models import transformer_lm
+    >>> from keras_attn.models import GenerationConfig, transformer_lm
     >>> model = transformer_lm(50, num_layers=1, d_model=16, intermediate_dim=32)
     >>> prompts = np.array([[5, 6, 7], [8, 9, 0]], "int32")  # ragged, right-padded
     >>> print(generate(model, prompts, max_length=4).shape)
@@ -172,9 +138,14 @@ def generate(
     ...                                   no_repeat_ngram_size=2, stream=True)), axis=1)
     >>> print(scores.shape, bool(np.all(streamed == tokens)))
     (2, 4) True
+    >>> config = GenerationConfig(repetition_penalty=1.3, no_repeat_ngram_size=2)
+    >>> bool(np.all(generate(model, prompts, 4, config=config) == tokens))
+    True
     """
-    if sampler not in SAMPLERS:
-        raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
+    config, other = config_from(
+        config, _POSITIONAL, args, settings, "generate", ("jit_compile", "stream")
+    )
+    jit_compile, stream = other.get("jit_compile", "auto"), other.get("stream", False)
     if not isinstance(jit_compile, bool) and not (
         isinstance(jit_compile, str) and jit_compile == "auto"
     ):
@@ -186,70 +157,57 @@ def generate(
             "`model` must be built by keras_attn.models.transformer_lm. "
             f"Received: model {model.name!r}"
         )
+    if config.start_id is not None:
+        raise ValueError(
+            "A language model continues its prompt: pass `start_id=None` (the prompt's last "
+            f"token is fed first; put a start token in the prompt). Received: "
+            f"start_id={config.start_id}"
+        )
+    if config.return_alignment:
+        raise ValueError(
+            "`return_alignment=True` needs decoding steps that attend to a source; "
+            "a language model has none. Received: return_alignment=True"
+        )
     prompts = np.asarray(ops.convert_to_numpy(prompts))
     steps = LanguageModelSteps(model)
-    max_length, _, end_id = decoding.check_lengths(max_length, None, end_id, steps.vocab_size)
+    max_length = check_setting("max_length", max_length)
+    config.check_vocabulary(steps.vocab_size)
     check_prompts(prompts, steps.vocab_size, max_length, steps.sequence_length, steps.padding_id)
-    suppress_ids = decoding.check_suppress_ids(suppress_ids, steps.vocab_size)
-    repetition_penalty = check_repetition_penalty(repetition_penalty)
-    no_repeat_ngram_size = check_no_repeat_ngram_size(no_repeat_ngram_size)
     prompts = prompts.astype("int32")
-    if sampler == "beam" and stream:
+    if config.sampler == "beam" and stream:
         raise ValueError(
             "`stream=True` streams greedy and sampled generation; beam search only knows its "
             "tokens at the end. Received: stream=True, sampler='beam'"
         )
-    if sampler == "beam":
-        tokens, _, *scores = decoding.beam_search(
-            model, prompts, max_length, end_id=end_id, beam_width=beam_width,
-            length_penalty=length_penalty, suppress_ids=suppress_ids,
-            jit_compile=bool(jit_compile),
-            repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-            return_scores=return_scores,
-        )  # fmt: skip
-        return (tokens, *scores) if return_scores else tokens
-    if sampler == "sample":
-        temperature, top_k, top_p, seed = check_sampling(temperature, top_k, top_p, seed)
-        if temperature == 0:
-            sampler = "greedy"  # the argmax, exactly
-    options = dict(
-        repetition_penalty=repetition_penalty,
-        no_repeat_ngram_size=no_repeat_ngram_size,
-        return_scores=return_scores,
-    )
+    if config.sampler == "beam":
+        tokens, _, *scores = beam_search(
+            model, prompts, max_length, config=config, jit_compile=bool(jit_compile)
+        )
+        return (tokens, *scores) if config.return_scores else tokens
     # TensorFlow: a streamed step of a large model as a graph (`XLA_MAX_WEIGHT_BYTES`).
     xla = jit_compile is True or keras.backend.backend() != "tensorflow" or not stream
     xla = xla or _small(model)
-    settings = (max_length, end_id, suppress_ids, *options.values(), sampler, xla)
-    if sampler == "sample":
-        settings += (temperature, top_k, top_p)
+    key = (config.compile_key, max_length, xla)
     batch = prompts.shape[0]
-    uniform = keras.random.uniform((max_length, batch), seed=seed)  # (steps, B)
+    uniform = keras.random.uniform((max_length, batch), seed=config.seed)  # (steps, B)
     # The compiled loops live as long as the model (`_COMPILED`'s weak key): they must not
     # hold it. A loop is traced (it calls `model_ref()`) only inside `generate(model, ...)`.
     model_ref = weakref.ref(model)
 
     def decoding_loop(uniform, steps=None):
         """The loop drawing from `uniform` (a traced argument: never a constant of the trace)."""
-
-        def choose(logits, index):
-            if sampler == "greedy":
-                return greedy_tokens(logits)
-            row = ops.take(uniform, index, axis=0)
-            return sample_tokens(logits, row, temperature, top_k, top_p)
-
         steps = steps or LanguageModelSteps(model_ref())
-        return decoding.DecodingLoop(steps, None, end_id, choose, suppress_ids, **options)
+        return DecodingLoop(steps, config, token_chooser(config, uniform))
 
     compiled = jit_compile and keras.backend.backend() != "torch"
     if stream:
         if batch == 0:
-            return _stream_empty(max_length, return_scores)
-        prefill, step = _stream_functions(model, settings, decoding_loop, compiled, xla)
-        return _stream(prefill, step, prompts, uniform, max_length, end_id, return_scores)
+            return _stream_empty(max_length, config.return_scores)
+        prefill, step = _stream_functions(model, key, max_length, decoding_loop, compiled, xla)
+        return _stream(prefill, step, prompts, uniform, max_length, config)
     if batch == 0:  # no prompts, no tokens (nothing to decode, nor to compile)
         tokens, scores = np.zeros((0, max_length), "int32"), np.zeros((0, max_length), "float32")
-        return (tokens, scores) if return_scores else tokens
+        return (tokens, scores) if config.return_scores else tokens
 
     def loop(prompts, uniform):
         decode = decoding_loop(uniform)
@@ -261,13 +219,13 @@ def generate(
         return tuple(value for value in decode.result(carry) if value is not None)
 
     if compiled:
-        loop = _compiled_loop(model, settings, loop, xla)
+        loop = compiled_loop(model, key, loop, xla)
     with no_gradients():  # torch: nothing to record for a backward pass
         outputs = tuple(np.asarray(ops.convert_to_numpy(v)) for v in loop(prompts, uniform))
-    return outputs if return_scores else outputs[0]
+    return outputs if config.return_scores else outputs[0]
 
 
-def _stream_functions(model, settings, decoding_loop, compiled, xla=True):
+def _stream_functions(model, key, max_length, decoding_loop, compiled, xla=True):
     """`prefill(prompts) -> carry` and `step(index, carry, uniform) -> carry` of the
     `DecodingLoop`s `decoding_loop(uniform, steps)` makes, compiled and kept with the
     model's other loops when `compiled`. The step feeds the decoding steps that the
@@ -277,7 +235,7 @@ def _stream_functions(model, settings, decoding_loop, compiled, xla=True):
     def prefill(prompts):
         decode = decoding_loop(None)  # starting draws nothing
         started["steps"] = decode.steps
-        return decode.start(prompts, settings[0])
+        return decode.start(prompts, max_length)
 
     def step(index, carry, uniform):
         return decoding_loop(uniform, started["steps"]).step(index, carry)
@@ -285,12 +243,12 @@ def _stream_functions(model, settings, decoding_loop, compiled, xla=True):
     if not compiled:
         return prefill, step
     return (
-        _compiled_loop(model, settings + ("prefill",), prefill, xla),
-        _compiled_loop(model, settings + ("step",), step, xla),
+        compiled_loop(model, key + ("prefill",), prefill, xla),
+        compiled_loop(model, key + ("step",), step, xla),
     )
 
 
-def _stream(prefill, step, prompts, uniform, max_length, end_id, return_scores):
+def _stream(prefill, step, prompts, uniform, max_length, config):
     """The iterator of `generate(..., stream=True)`: each step's `(B,)` tokens (and scores)."""
     with no_gradients():  # per call: a generator must not hold it across its yields
         carry = prefill(prompts)
@@ -301,72 +259,15 @@ def _stream(prefill, step, prompts, uniform, max_length, end_id, return_scores):
         else:
             with no_gradients():
                 carry = step(np.int32(index), carry, uniform)
-            tokens = np.asarray(ops.convert_to_numpy(carry["tokens"]))
-            if return_scores:
-                scores = np.asarray(ops.convert_to_numpy(carry["scores"][:, index]))
-            if end_id is not None:
-                ended |= tokens == end_id
-        yield (tokens, scores) if return_scores else tokens
+            tokens = np.asarray(ops.convert_to_numpy(carry.tokens))
+            if config.return_scores:
+                scores = np.asarray(ops.convert_to_numpy(carry.scores[:, index]))
+            if config.end_id is not None:
+                ended |= tokens == config.end_id
+        yield (tokens, scores) if config.return_scores else tokens
 
 
 def _stream_empty(max_length, return_scores):
     """The stream of an empty batch: `max_length` steps of no tokens."""
     tokens, scores = np.zeros(0, "int32"), np.zeros(0, "float32")
     return iter([(tokens, scores) if return_scores else tokens] * max_length)
-
-
-def _small(model) -> bool:
-    """Whether `model`'s weights fit `XLA_MAX_WEIGHT_BYTES` (`jit_compile="auto"`)."""
-    nbytes = 0
-    for variable in model.weights:
-        bits = "".join(c for c in str(variable.dtype) if c.isdigit())  # "bfloat16" -> 16
-        nbytes += math.prod(variable.shape) * max(1, int(bits or 8) // 8)
-    return nbytes <= XLA_MAX_WEIGHT_BYTES
-
-
-def _compile(variables, loop, xla=True):
-    """`loop(*args)` compiled: `tf.function(jit_compile=xla)` or `jax.jit`
-    (`variables`, the model's, passed as arguments), traced inside `no_gradients()`:
-    nothing differentiates a decoding loop, so its kernels build no custom gradients."""
-
-    inference = _Inference(loop, xla)
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        return tf.function(inference, jit_compile=xla, reduce_retracing=True)
-    import jax
-
-    def stateless(values, *args):
-        with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
-            return inference(*args)
-
-    jitted = jax.jit(stateless)
-    return lambda *args: jitted([v.value for v in variables], *args)
-
-
-class _Inference:
-    """`loop(*args)` traced inside `no_gradients()` (and `xla_tracing()` for XLA): the
-    function `_compile` gives `tf.function`. An object, not a closure: TensorFlow counts
-    traces per Python code object, so every loop compiled from one closure (one per model
-    and settings, each traced once) would count as retracing one function and warn."""
-
-    def __init__(self, loop, xla):
-        self.loop, self.xla = loop, xla
-
-    def __call__(self, *args):
-        with no_gradients(), xla_tracing() if self.xla else contextlib.nullcontext():
-            return self.loop(*args)
-
-
-def _compiled_loop(model, settings, loop, xla=True):
-    """`model`'s compiled `loop(*args)` for `settings` (a hashable key), traced on first use
-    and again after a change of the model's variables (`_CompiledLoops`). `loop` must not
-    hold `model` (the cache lives as long as the model: reach it through a weak reference).
-    `xla=False`: a TensorFlow graph without XLA (`settings` must say so)."""
-    variables = tuple(model.variables)
-    functions = _COMPILED.get(model)
-    if functions is None or not functions.traced_with(variables):
-        functions = _COMPILED[model] = _CompiledLoops(variables)
-    if settings not in functions:
-        functions[settings] = _compile(variables, loop, xla)
-    return functions[settings]

@@ -1,25 +1,22 @@
 """Beam search over a model's cached decoding steps: one loop of `keras.ops`, compiled.
 
-(The module is not named `beam_search`: that is the function's name in `keras_attn.models`.)
-Two entries, both importable from `keras_attn.models.decoding` too:
+Two entries, both importable from `keras_attn.models.generation`:
 
 - `beam_search(model, encoder_inputs, max_length, start_id, end_id, beam_width=4,
-  length_penalty=0.6, suppress_ids=(), *, return_scores=False, return_alignment=False,
-  repetition_penalty=None, no_repeat_ngram_size=0, jit_compile=True)`: NumPy in, NumPy
-  out, compiled (`tf.function(jit_compile=True)` on TensorFlow, `jax.jit` on JAX, the
-  model's variables passed as arguments; eager on torch).
-- `beam_search_loop(model, encoder_inputs, max_length, start_id, end_id, beam_width=4,
-  length_penalty=0.6, suppress_ids=(), *, repetition_penalty=None, no_repeat_ngram_size=0,
-  return_scores=False, return_alignment=False) -> Beams`: the loop itself, tensors in and
-  tensors out, for a caller's own graph (a SavedModel's `tf.function`): `encoder_inputs` an
-  int `(B, S)` tensor, `Beams(tokens (B, T) int32, sequence_scores (B,) float32,
-  token_scores, alignment)` (the last two None unless asked). The settings are Python
-  values checked by the caller (`beam_search` checks them), `repetition_penalty` may be a
-  scalar float tensor.
+  length_penalty=0.6, suppress_ids=(), *, config=None, return_scores=False,
+  return_alignment=False, repetition_penalty=None, no_repeat_ngram_size=0, jit_compile=True)`:
+  NumPy in, NumPy out, compiled (`tf.function(jit_compile=True)` on TensorFlow, `jax.jit` on
+  JAX, the model's variables passed as arguments; eager on torch).
+- `beam_search_loop(model, encoder_inputs, max_length, config, steps=None, tensors=None) ->
+  Beams`: the loop itself, tensors in and tensors out, for a caller's own graph (a
+  SavedModel's `tf.function`).
+
+The search runs the decoding loop's public parts (`DecodingLoop.model_step`, `process`,
+`record`) on the `B * K` hypotheses; its carry is `Hypotheses`: the loop's `Carry` and each
+hypothesis' log-probability and length.
 """
 
 import weakref
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import keras
@@ -28,12 +25,14 @@ from keras import ops
 
 from keras_attn._execution import no_gradients
 from keras_attn._typing import TensorLike
-from keras_attn.arguments import check_finite_number, check_positive_int
-from keras_attn.models.logits_processors import check_no_repeat_ngram_size, check_repetition_penalty
-from keras_attn.models.sampling import top_k_lowest_first
 
-# `keras_attn.models.decoding` imports this module (its `beam_search` name): the functions
-# below import it when they run.
+from .compiled import compiled_loop
+from .config import GenerationConfig, check_setting, config_from
+from .loop import Carry, DecodingLoop
+from .samplers import top_k_lowest_first
+from .steps import alignment_step, decoder_vocab_size, decoding_steps
+
+_POSITIONAL = ("start_id", "end_id", "beam_width", "length_penalty", "suppress_ids")
 
 
 class Beams(NamedTuple):
@@ -53,6 +52,16 @@ class Beams(NamedTuple):
     alignment: TensorLike | None = None
 
 
+class Hypotheses(NamedTuple):
+    """Beam search's carry: the decoding loop's `Carry` of the `B * K` hypotheses, each one's
+    `log_probs` float32 `(B*K,)` (its log-probability under the processed distribution) and
+    `lengths` float32 `(B*K,)` (its tokens before the end)."""
+
+    carry: Carry
+    log_probs: Any
+    lengths: Any
+
+
 def length_penalty_factor(length: TensorLike, alpha: float) -> TensorLike:
     """GNMT's `lp(|Y|) = ((5 + |Y|) / 6) ** alpha` (Wu et al. 2016), float32."""
     return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
@@ -62,17 +71,10 @@ def beam_search(
     model: keras.Model,
     encoder_inputs: TensorLike,
     max_length: int,
-    start_id: int | None = None,
-    end_id: int | None = None,
-    beam_width: int = 4,
-    length_penalty: float = 0.6,
-    suppress_ids: Sequence[int] | np.ndarray = (),
-    *,
-    return_scores: bool = False,
-    return_alignment: bool = False,
-    repetition_penalty: float | None = None,
-    no_repeat_ngram_size: int = 0,
+    *args,
+    config: GenerationConfig | None = None,
     jit_compile: bool = True,
+    **settings,
 ) -> tuple[np.ndarray, ...]:
     """Beam search over cached decoding steps, ranking `log p(Y | x) / lp(|Y|)`.
 
@@ -87,18 +89,24 @@ def beam_search(
 
     The ranking runs in float32 inside one loop of `keras.ops` (`beam_search_loop`),
     compiled with `jit_compile` on TensorFlow (XLA) and JAX (`jax.jit`), traced once per
-    model, settings and input shape (and again after a change of the model's variables, as
-    `keras_attn.models.generate`); torch runs it eagerly. (On JAX `ops.while_loop` is
+    model, config (its `compile_key`) and input shape (and again after a change of the
+    model's variables, as `keras_attn.models.generate`); torch runs it eagerly. (On JAX
+    `ops.while_loop` is
     `lax.while_loop`: `jit_compile=False` compiles the loop too, at every call.) Sums and
     normalized scores are float32: two candidates within float32 rounding of each other
     (about 1e-7 relative) may rank in the other order than in exact arithmetic.
 
     With `repetition_penalty` or `no_repeat_ngram_size`, each hypothesis' logits pass
-    through `keras_attn.models.logits_processors` (CTRL's penalty on the tokens already in
-    the hypothesis, a language model's prompt included; then the tokens that would repeat an
-    n-gram of the hypothesis ruled out) before the log-softmax that ranks them, so the
-    sequence score is under that processed distribution; `return_scores`' token scores
+    through the config's logits processors (`keras_attn.models.generation.processors`:
+    CTRL's penalty on the tokens already in the hypothesis, a language model's prompt
+    included; then the tokens that would repeat an n-gram of the hypothesis ruled out)
+    before the log-softmax that ranks them, so the sequence score is under that processed
+    distribution; `return_scores`' token scores
     stay the model's own.
+
+    The settings are today's keywords (positional order `start_id`, `end_id`, `beam_width`,
+    `length_penalty`, `suppress_ids`), or a `GenerationConfig` as `config=` (keywords given
+    too replace its fields; the sampler is `"beam"`).
 
     Args:
         model: a zoo seq2seq model, or a language model (`transformer_lm`).
@@ -121,6 +129,7 @@ def beam_search(
         no_repeat_ngram_size: 0 (off), or `n`: no n-gram occurs twice in a hypothesis
             (a language model's prompt included).
         jit_compile: compile the loop (TensorFlow, JAX).
+        config: a `GenerationConfig` holding the settings (None: from the keywords).
 
     Returns:
         `(tokens, sequence_scores)`: int32 NumPy `(B, max_length)` (0 after `end_id`) and
@@ -151,54 +160,38 @@ def beam_search(
         Wu et al., 2016, "Google's Neural Machine Translation System",
         https://arxiv.org/abs/1609.08144 (length penalty)
     """
-    from keras_attn.models import decoding
-
-    steps = decoding.decoding_steps(model)
-    vocab_size = decoding.decoder_vocab_size(steps, model)
-    max_length, start_id, end_id = decoding.check_lengths(max_length, start_id, end_id, vocab_size)
-    if end_id is None:
+    config, _ = config_from(config, _POSITIONAL, args, settings, "beam_search", sampler="beam")
+    steps = decoding_steps(model)
+    max_length = check_setting("max_length", max_length)
+    config.check_vocabulary(decoder_vocab_size(steps, model))
+    if config.end_id is None:
         raise ValueError("`end_id` (the end-of-sequence token) is required by beam search.")
-    beam_width = check_positive_int("beam_width", beam_width)
-    length_penalty = check_finite_number("length_penalty", length_penalty)
-    suppress_ids = decoding.check_suppress_ids(suppress_ids, vocab_size)
-    repetition_penalty = check_repetition_penalty(repetition_penalty)
-    no_repeat_ngram_size = check_no_repeat_ngram_size(no_repeat_ngram_size)
-    if return_alignment:
-        decoding._alignment_step(steps)  # raises for steps without an alignment
+    if config.return_alignment:
+        alignment_step(steps)  # raises for steps without an alignment
     source = np.asarray(ops.convert_to_numpy(encoder_inputs)).astype("int32")
     if source.shape[0] == 0:  # no examples: no hypotheses to rank
         empty = Beams(
             np.zeros((0, max_length), "int32"),
             np.zeros((0,), "float32"),
-            np.zeros((0, max_length), "float32") if return_scores else None,
-            np.zeros((0, max_length, source.shape[1]), "float32") if return_alignment else None,
-        )
+            np.zeros((0, max_length), "float32") if config.return_scores else None,
+            np.zeros((0, max_length, source.shape[1]), "float32") if config.return_alignment
+            else None,
+        )  # fmt: skip
         return _outputs(empty)
-    settings = (max_length, start_id, end_id, beam_width, length_penalty, suppress_ids)
-    options = {
-        "repetition_penalty": None if repetition_penalty == 1.0 else repetition_penalty,
-        "no_repeat_ngram_size": no_repeat_ngram_size,
-        "return_scores": bool(return_scores),
-        "return_alignment": bool(return_alignment),
-    }
     if not jit_compile or keras.backend.backend() == "torch":
         with no_gradients():  # torch: nothing to record for a backward pass
-            return _outputs(beam_search_loop(model, source, *settings, **options))
-    from keras_attn.models import lm_generation
-
+            return _outputs(beam_search_loop(model, source, max_length, config=config))
     # The compiled loop lives as long as the model (a weak key): it must not hold it.
     model_ref = weakref.ref(model)
-    penalized = options.pop("repetition_penalty") is not None
+    penalized = config.repetition_penalty != 1.0
 
     def loop(source, penalty):  # the penalty a tensor: one trace serves every value
-        return beam_search_loop(
-            model_ref(), source, *settings, repetition_penalty=penalty if penalized else None,
-            **options,
-        )  # fmt: skip
+        tensors = {"repetition_penalty": penalty} if penalized else None
+        return beam_search_loop(model_ref(), source, max_length, config=config, tensors=tensors)
 
-    key = ("beam_search", *settings, penalized, *options.values())
-    function = lm_generation._compiled_loop(model, key, loop)
-    return _outputs(function(source, np.float32(repetition_penalty)))
+    key = ("beam_search", config.replace(repetition_penalty=1.0).compile_key, max_length, penalized)
+    function = compiled_loop(model, key, loop)
+    return _outputs(function(source, np.float32(config.repetition_penalty)))
 
 
 def _outputs(beams):
@@ -209,18 +202,12 @@ def _outputs(beams):
 def beam_search_loop(
     model: keras.Model,
     encoder_inputs: TensorLike,
-    max_length: int,
-    start_id: int | None,
-    end_id: int,
-    beam_width: int = 4,
-    length_penalty: float = 0.6,
-    suppress_ids: tuple[int, ...] = (),
-    *,
-    repetition_penalty: float | TensorLike | None = None,
-    no_repeat_ngram_size: int = 0,
-    return_scores: bool = False,
-    return_alignment: bool = False,
+    max_length,
+    *args,
+    config: GenerationConfig | None = None,
     steps: Any = None,
+    tensors: dict | None = None,
+    **settings,
 ) -> Beams:
     """`beam_search` as tensors: one `ops.while_loop` over the `B * K` hypotheses.
 
@@ -239,12 +226,13 @@ def beam_search_loop(
     Args:
         model: a zoo seq2seq or language model, as `beam_search`.
         encoder_inputs: int `(B, S)` tokens (a tensor or an array).
-        max_length, start_id, end_id, beam_width, length_penalty, suppress_ids: Python
-            values, checked as `beam_search` checks them (`suppress_ids` a sorted tuple).
-        repetition_penalty: None (off), a positive Python float or a scalar float tensor.
-        no_repeat_ngram_size: 0 (off) or `n >= 1`.
-        return_scores, return_alignment: as `beam_search`.
+        max_length: a Python int (or a scalar int tensor).
+        *args, **settings: as `beam_search`'s (checked there; here as given).
+        config: a `GenerationConfig` (`end_id`, `beam_width`, `length_penalty`, the logits
+            processors, `return_scores`, `return_alignment`; its `end_id` required).
         steps: the decoding-steps object; by default `decoding_steps(model)`.
+        tensors: per-request settings as scalar tensors (a float `repetition_penalty`: one
+            trace serves every value).
 
     Returns:
         `Beams(tokens, sequence_scores, token_scores, alignment)`: tensors, the last two
@@ -252,45 +240,41 @@ def beam_search_loop(
 
     Example:
 
-    >>> from keras_attn.models import transformer_seq2seq
+    >>> from keras_attn.models import GenerationConfig, transformer_seq2seq
     >>> model = transformer_seq2seq(20, 30, num_layers=1, d_model=16, intermediate_dim=32)
-    >>> beams = beam_search_loop(model, np.ones((2, 7), "int32"), 4, 1, 2, beam_width=3)
+    >>> config = GenerationConfig(sampler="beam", start_id=1, end_id=2, beam_width=3)
+    >>> beams = beam_search_loop(model, np.ones((2, 7), "int32"), 4, config=config)
     >>> print(beams.tokens.shape, beams.sequence_scores.shape, beams.token_scores)
     (2, 4) (2,) None
     """
-    from keras_attn.models import decoding
-
-    # `DecodingLoop`'s carry for the B*K hypotheses (the tokens fed, `outputs`, `finished`,
-    # the steps' `state`, the buffers asked for), its step's logits and repetition controls
-    decode = decoding.DecodingLoop(
-        steps or decoding.decoding_steps(model), start_id, end_id, None, suppress_ids,
-        repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-        return_scores=return_scores, return_alignment=return_alignment,
-    )  # fmt: skip
+    config, _ = config_from(config, _POSITIONAL, args, settings, "beam_search_loop", sampler="beam")
+    decode = DecodingLoop(steps or decoding_steps(model), config, tensors=tensors)
+    width, alpha = config.beam_width, config.length_penalty
     source = ops.convert_to_tensor(encoder_inputs, "int32")
-    batch, width = ops.shape(source)[0], beam_width
+    batch = ops.shape(source)[0]
     source = ops.repeat(source, width, axis=0)  # (B*K, S): each example's K hypotheses
     rows = batch * width
-    hypotheses = decode.start(source, max_length)
     first = ops.arange(rows, dtype="int32") % width == 0  # (B*K,): each example's first
-    hypotheses["log_probs"] = ops.where(first, 0.0, float("-inf"))  # one live to start from
-    hypotheses["lengths"] = ops.zeros((rows,), "float32")
+    hypotheses = Hypotheses(
+        carry=decode.start(source, max_length),
+        log_probs=ops.where(first, 0.0, float("-inf")),  # one live to start from
+        lengths=ops.zeros((rows,), "float32"),
+    )
 
     def step(index, hypotheses):
-        logits, state, *alignment = decode._step(hypotheses["tokens"], index, hypotheses["state"])
+        carry = hypotheses.carry
+        logits, state, alignment = decode.model_step(carry, index)
         logits = ops.cast(logits, "float32")  # (B*K, V)
         vocab = ops.shape(logits)[-1]
-        processed = decode._controlled(
-            decoding._ruled_out(logits, suppress_ids, decode.padding_id), index, hypotheses
-        )
-        finished = hypotheses["finished"]
+        processed = decode.process(logits, carry, index)
+        finished = carry.finished
         pad_only = ops.where(ops.arange(vocab) == 0, 0.0, float("-inf"))  # (V,)
         step_log_probs = ops.where(
             ops.expand_dims(finished, 1), pad_only, ops.log_softmax(processed, axis=-1)
         )  # a finished hypothesis extends with padding, at no cost
-        candidates = ops.expand_dims(hypotheses["log_probs"], 1) + step_log_probs  # (B*K, V)
-        new_lengths = hypotheses["lengths"] + ops.cast(ops.logical_not(finished), "float32")
-        ranked = candidates / ops.expand_dims(length_penalty_factor(new_lengths, length_penalty), 1)
+        candidates = ops.expand_dims(hypotheses.log_probs, 1) + step_log_probs  # (B*K, V)
+        new_lengths = hypotheses.lengths + ops.cast(ops.logical_not(finished), "float32")
+        ranked = candidates / ops.expand_dims(length_penalty_factor(new_lengths, alpha), 1)
         best = _best(ops.reshape(ranked, (batch, -1)), width)  # (B, K): beam * V + token
         token = ops.reshape(best % vocab, (-1,))  # (B*K,)
         parents = ops.reshape(
@@ -298,38 +282,34 @@ def beam_search_loop(
         )  # (B*K,): each new hypothesis' parent row
         chosen = parents * vocab + token  # in the flattened (B*K*V,) candidates
         kept = keras.tree.map_structure(
-            lambda s: ops.take(s, parents, axis=0), {**hypotheses, "state": state}
+            lambda s: ops.take(s, parents, axis=0), carry._replace(state=state)
+        )  # the parents' rows, their `finished` included
+        scores = None
+        if config.return_scores:  # the model's own log-probability of the token
+            scores = ops.take(ops.reshape(ops.log_softmax(logits, axis=-1), (-1,)), chosen)
+        if config.return_alignment:
+            alignment = ops.take(ops.cast(alignment, "float32"), parents, axis=0)  # (B*K, S)
+        return index + 1, Hypotheses(
+            carry=decode.record(kept, index, token, kept.state, scores, alignment),
+            log_probs=ops.take(ops.reshape(candidates, (-1,)), chosen),
+            lengths=ops.take(new_lengths, parents),
         )
-        parent_finished = kept["finished"]
-        kept["log_probs"] = ops.take(ops.reshape(candidates, (-1,)), chosen)
-        kept["lengths"] = ops.take(new_lengths, parents)
-        kept["finished"] = ops.logical_or(parent_finished, ops.equal(token, end_id))
-        kept["tokens"] = token
-        kept["outputs"] = decoding._write(kept["outputs"], index, token)
-        if return_scores:  # the model's own log-probability of the token
-            raw = ops.take(ops.reshape(ops.log_softmax(logits, axis=-1), (-1,)), chosen)
-            raw = ops.where(parent_finished, 0.0, raw)
-            kept["scores"] = decoding._write(kept["scores"], index, raw)
-        if return_alignment:
-            (alignment,) = alignment  # (B*K, S)
-            alignment = ops.take(ops.cast(alignment, "float32"), parents, axis=0)
-            alignment = ops.where(ops.expand_dims(parent_finished, 1), 0.0, alignment)
-            kept["alignment"] = decoding._write(kept["alignment"], index, alignment)
-        return index + 1, kept
 
     def searching(index, hypotheses):
-        return ops.logical_and(index < max_length, ops.logical_not(ops.all(hypotheses["finished"])))
+        return ops.logical_and(
+            index < max_length, ops.logical_not(ops.all(hypotheses.carry.finished))
+        )
 
     index = ops.convert_to_tensor(0, "int32")
     _, hypotheses = ops.while_loop(searching, step, (index, hypotheses))
-    final = hypotheses["log_probs"] / length_penalty_factor(
-        ops.maximum(hypotheses["lengths"], 1.0), length_penalty
+    final = hypotheses.log_probs / length_penalty_factor(
+        ops.maximum(hypotheses.lengths, 1.0), alpha
     )  # (B*K,)
     choice = ops.argmax(ops.reshape(final, (batch, width)), axis=-1)  # the first best
     best = ops.cast(choice, "int32") + ops.arange(batch, dtype="int32") * width  # (B,)
     tokens, scores, alignment = (
         None if value is None else ops.take(value, best, axis=0)
-        for value in decode.result(hypotheses)
+        for value in decode.result(hypotheses.carry)
     )  # fmt: skip
     return Beams(tokens, ops.take(final, best), scores, alignment)
 

@@ -1,0 +1,333 @@
+"""`GenerationConfig`: every generation setting, in one frozen object checked once.
+
+Each setting declares its rule once (`Rule`): the Python types it takes, a predicate that
+reads the same on a Python value and on a TensorFlow tensor, and the words of its error. The
+config applies the rules when it is made (`__post_init__`), so a bad setting raises
+`ValueError` naming it and the value received, whichever entry point it came through; an
+exported `generate` signature takes the settings marked `exported` as scalar tensors and
+gates them on the same predicates, in its graph (`keras_attn.models.generation.export`).
+
+A config is hashable: the compiled loops are kept by it (`compile_key`).
+"""
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from keras_attn.arguments import is_int
+
+FLOAT32_MAX = float(np.finfo("float32").max)
+SAMPLERS = ("greedy", "sample", "beam")
+
+
+def _number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """How one setting is checked, in Python and in an exported graph.
+
+    Args:
+        kind: the Python values it takes: `"int"`, `"number"`, `"flag"` (a bool), `"ids"`
+            (token ids), `"choice"` (one of `choices`).
+        must: what the value must be, in words: the error reads "`name` must be {must}.
+            Received: name=value".
+        holds: `holds(value, isfinite) -> bool` (a bool tensor for a tensor value): the
+            value's range, with `isfinite` `math.isfinite` or `tf.math.is_finite`; None: any.
+        optional: None is a value (off).
+        exported: the dtype of the scalar an exported `generate` takes it as (None: not
+            exported; there 0 stands for an integer's None, 1 for a fraction's).
+        choices: for `"choice"`.
+    """
+
+    kind: str
+    must: str
+    holds: Callable[[Any, Callable], Any] | None = None
+    optional: bool = False
+    exported: str | None = None
+    choices: tuple = ()
+
+    def message(self, name: str, value: Any) -> str:
+        return f"`{name}` must be {self.must}. Received: {name}={value!r}"
+
+    def check(self, name: str, value: Any) -> Any:
+        """`value` as a Python value (NumPy numbers taken), or `ValueError` naming `name`."""
+        if value is None and self.optional:
+            return None
+        if self.kind == "int":
+            valid = is_int(value)
+        elif self.kind == "number":
+            valid = _number(value)
+        elif self.kind == "flag":
+            valid = isinstance(value, bool | np.bool_)
+        elif self.kind == "choice":
+            valid = isinstance(value, str) and value in self.choices
+        else:  # token ids: checked by `check_suppress_ids`
+            valid = True
+        if valid and self.holds is not None:
+            valid = bool(self.holds(value, math.isfinite))
+        if not valid:
+            raise ValueError(self.message(name, value))
+        if self.kind == "int":
+            return int(value)
+        if self.kind == "number":
+            return float(value)
+        if self.kind == "flag":
+            return bool(value)
+        return value
+
+
+def _token_id(value, isfinite):
+    return value > 0
+
+
+# The settings' rules, one per name; `max_length` is a setting of every call, not of the config.
+RULES = {
+    "max_length": Rule("int", "a positive integer", lambda x, finite: x >= 1, exported="int32"),
+    "sampler": Rule("choice", f"one of {SAMPLERS}", choices=SAMPLERS),
+    "start_id": Rule("int", "a positive token id (0 is padding)", _token_id, optional=True),
+    "end_id": Rule("int", "a positive token id (0 is padding)", _token_id, optional=True),
+    "temperature": Rule(
+        "number", "a finite number >= 0 (0 is greedy decoding)",
+        lambda x, finite: finite(x) & (x >= 0), exported="float32",
+    ),
+    "top_k": Rule(
+        "int", "None or an integer >= 0 (0 = off)", lambda x, finite: x >= 0, optional=True,
+        exported="int32",
+    ),
+    "top_p": Rule(
+        "number", "None or a number in (0, 1]", lambda x, finite: (x > 0) & (x <= 1),
+        optional=True, exported="float32",
+    ),
+    "seed": Rule("int", "None or an integer", optional=True, exported="int32"),
+    "suppress_ids": Rule("ids", "a sequence of token ids"),
+    "repetition_penalty": Rule(
+        "number",
+        f"a positive number a float32 holds (at most {FLOAT32_MAX:.4g}; 1 = off)",
+        lambda x, finite: finite(x) & (x > 0) & (x <= FLOAT32_MAX),
+        optional=True, exported="float32",
+    ),
+    "no_repeat_ngram_size": Rule(
+        "int", "a non-negative integer (0 = off)", lambda x, finite: x >= 0, optional=True
+    ),
+    "beam_width": Rule("int", "a positive integer", lambda x, finite: x >= 1),
+    "length_penalty": Rule("number", "a finite number", lambda x, finite: finite(x)),
+    "return_scores": Rule("flag", "True or False"),
+    "return_alignment": Rule("flag", "True or False"),
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """Every setting of the zoo's generation, checked once; frozen and hashable.
+
+    `generate`, `greedy_decode`, `sample_decode`, `beam_search`, the text models and the
+    `keras-attn predict` command build one from their keywords (the same tokens as the
+    keywords), or take one as `config=` (keywords given too replace its fields). A bad field
+    raises `ValueError` naming it and the value received (`RULES`); the ids are checked
+    against a model's vocabulary when it is known (`check_vocabulary`).
+
+    Args:
+        sampler: `"greedy"`, `"sample"` or `"beam"` (the entry points of one kind set it).
+        start_id: the token fed at the first step of a seq2seq decoder; None for a language
+            model (it continues its prompt).
+        end_id: a row stops at its first `end_id` (kept) and is padded with 0 after it.
+        temperature, top_k, top_p, seed: of `"sample"` (`temperature=0` is greedy; `top_k`
+            0 or None: off, kept as None; `top_p` None: off).
+        suppress_ids: token ids never generated (kept as a sorted tuple).
+        repetition_penalty: CTRL's penalty (None or 1: off; kept as 1.0).
+        no_repeat_ngram_size: 0 (off; None too) or `n`: no n-gram twice in a row.
+        beam_width, length_penalty: of `"beam"`.
+        return_scores, return_alignment: also return the tokens' log-probabilities, the
+            steps' alignment over the source.
+
+    Example:
+
+    >>> config = GenerationConfig(sampler="sample", top_k=0, suppress_ids=[3, 1])
+    >>> config.top_k, config.suppress_ids, hash(config) == hash(GenerationConfig(
+    ...     sampler="sample", suppress_ids=(1, 3)))
+    (None, (1, 3), True)
+    """
+
+    sampler: str = "greedy"
+    start_id: int | None = None
+    end_id: int | None = None
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    suppress_ids: tuple[int, ...] = ()
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    beam_width: int = 4
+    length_penalty: float = 0.6
+    return_scores: bool = False
+    return_alignment: bool = False
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "suppress_ids":
+                value = check_suppress_ids(value)
+            else:
+                value = RULES[field.name].check(field.name, value)
+            object.__setattr__(self, field.name, value)
+        # The off values kept one way, so equal settings are equal configs (one compiled loop)
+        object.__setattr__(self, "top_k", self.top_k or None)
+        if self.repetition_penalty is None:
+            object.__setattr__(self, "repetition_penalty", 1.0)
+        if self.no_repeat_ngram_size is None:
+            object.__setattr__(self, "no_repeat_ngram_size", 0)
+
+    @classmethod
+    def exported(cls) -> tuple[str, ...]:
+        """The settings an exported `generate` takes per request, as scalars, in order."""
+        names = ("max_length", *(f.name for f in dataclasses.fields(cls)))
+        return tuple(name for name in names if RULES[name].exported)
+
+    def replace(self, **settings) -> "GenerationConfig":
+        """This config with `settings` replaced (checked again)."""
+        return dataclasses.replace(self, **settings) if settings else self
+
+    @property
+    def greedy(self) -> bool:
+        """Whether each token is the argmax: `"greedy"`, or `"sample"` at temperature 0."""
+        return self.sampler == "greedy" or (self.sampler == "sample" and self.temperature == 0)
+
+    @property
+    def compile_key(self) -> "GenerationConfig":
+        """What a compiled loop depends on: the config without its `seed` (the draws are the
+        loop's argument), and greedy decoding's without the sampling settings."""
+        if self.sampler == "sample" and not self.greedy:
+            return self.replace(seed=None)
+        sampler = "beam" if self.sampler == "beam" else "greedy"
+        return self.replace(sampler=sampler, temperature=1.0, top_k=None, top_p=None, seed=None)
+
+    def check_vocabulary(self, vocab_size: int | None) -> "GenerationConfig":
+        """`self`, or `ValueError` naming a `start_id`, `end_id` or `suppress_ids` outside
+        `[1, vocab_size)` (`[0, vocab_size)` for `suppress_ids`); None: not known."""
+        check_lengths(1, self.start_id, self.end_id, vocab_size)
+        check_suppress_ids(list(self.suppress_ids), vocab_size)  # (named as a list of ids)
+        return self
+
+
+def check_setting(name: str, value: Any) -> Any:
+    """`value` checked by the rule of `name` (`RULES`), as a Python value."""
+    return RULES[name].check(name, value)
+
+
+def check_lengths(
+    max_length: int, start_id: int | None, end_id: int | None, vocab_size: int | None = None
+) -> tuple[int, int | None, int | None]:
+    """The arguments as Python ints (NumPy ones taken), or `ValueError` naming the bad one.
+
+    `max_length` must be a positive integer, the token ids (or None) in `[1, vocab_size)`
+    (0 is padding; any positive id when `vocab_size` is None).
+    """
+    max_length = check_setting("max_length", max_length)
+    below = f" below vocab_size={vocab_size}" if vocab_size is not None else ""
+    ids = []
+    for name, value in (("start_id", start_id), ("end_id", end_id)):
+        if value is not None and (not is_int(value) or not 0 < value < (vocab_size or np.inf)):
+            raise ValueError(
+                f"`{name}` must be {RULES[name].must}{below}. Received: {name}={value!r}"
+            )
+        ids.append(None if value is None else int(value))
+    return max_length, *ids
+
+
+def check_suppress_ids(
+    suppress_ids: Sequence[int] | np.ndarray, vocab_size: int | None = None
+) -> tuple[int, ...]:
+    """`suppress_ids` as a sorted tuple of Python ints (NumPy ones taken), or `ValueError`.
+
+    A list, tuple, set or 1-D array of token ids in `[0, vocab_size)` (when `vocab_size` is
+    given) that leaves a token besides padding to generate.
+    """
+    values = suppress_ids
+    if isinstance(values, np.ndarray):
+        values = values.tolist() if values.ndim == 1 else None  # NumPy ints -> Python ints
+    in_range = f" in [0, vocab_size{'' if vocab_size is None else f'={vocab_size}'})"
+    if not isinstance(values, list | tuple | set | frozenset | range) or not all(
+        is_int(v) and 0 <= v < (vocab_size or np.inf) for v in values
+    ):
+        raise ValueError(
+            f"`suppress_ids` must be {RULES['suppress_ids'].must}{in_range}. "
+            f"Received: suppress_ids={suppress_ids!r}"
+        )
+    values = tuple(sorted({int(v) for v in values}))
+    if vocab_size is not None and len({0, *values}) >= vocab_size:
+        raise ValueError(
+            "`suppress_ids` must leave a token besides padding (0) to generate. "
+            f"Received: suppress_ids={suppress_ids!r}"
+        )
+    return values
+
+
+def check_repetition_penalty(value: float | None) -> float:
+    """`repetition_penalty` as a Python float (None: 1.0, off), or `ValueError` naming it.
+
+    Example:
+
+    >>> check_repetition_penalty(None), check_repetition_penalty(2)
+    (1.0, 2.0)
+    """
+    value = check_setting("repetition_penalty", value)
+    return 1.0 if value is None else value
+
+
+def check_no_repeat_ngram_size(value: int | None) -> int:
+    """`no_repeat_ngram_size` as a Python int (None: 0, off), or `ValueError` naming it.
+
+    Example:
+
+    >>> check_no_repeat_ngram_size(None), check_no_repeat_ngram_size(3)
+    (0, 3)
+    """
+    return check_setting("no_repeat_ngram_size", value) or 0
+
+
+def config_from(
+    config: GenerationConfig | None,
+    names: Sequence[str],
+    args: tuple,
+    settings: dict,
+    entry: str,
+    calls: Sequence[str] = (),
+    **fixed,
+) -> tuple[GenerationConfig, dict]:
+    """The config of an entry point's call, and its other arguments (`calls`).
+
+    `args` are the positional arguments after the entry's own, read as `names` (today's
+    order of its keywords); `settings` its keywords. Settings given replace `config`'s
+    fields; `fixed` (the entry point's `sampler`) replaces them all.
+
+    Raises:
+        TypeError: too many positional arguments, an argument given twice, or an
+            unknown keyword, as Python words them.
+    """
+    if len(args) > len(names):
+        raise TypeError(
+            f"{entry}() takes {len(names)} optional positional arguments after its first "
+            f"ones. Received: {len(args)}"
+        )
+    for name, value in zip(names, args, strict=False):
+        if name in settings:
+            raise TypeError(f"{entry}() got multiple values for argument '{name}'")
+        settings[name] = value
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise TypeError(f"`config` must be a GenerationConfig or None. Received: config={config!r}")
+    fields = {f.name for f in dataclasses.fields(GenerationConfig)}
+    other = {name: settings.pop(name) for name in list(settings) if name in calls}
+    unknown = sorted(set(settings) - fields)
+    if unknown:
+        raise TypeError(f"{entry}() got an unexpected keyword argument '{unknown[0]}'")
+    settings.update(fixed)
+    if config is None:
+        return GenerationConfig(**settings), other
+    return config.replace(**settings), other
