@@ -56,6 +56,14 @@ def _tokens(batch, length, vocab):
     return tokens
 
 
+def _hf_tokens(batch, length, vocab):
+    """`_tokens` with the padding -1 and a real token 0 (a Hugging Face checkpoint's ids)."""
+    tokens = _tokens(batch, length, vocab)
+    tokens[tokens == 0] = -1
+    tokens[0, 1] = 0
+    return tokens
+
+
 def _seq2seq_inputs():
     return {"encoder_inputs": _tokens(2, 6, 15), "decoder_inputs": _tokens(2, 5, 15)}
 
@@ -150,6 +158,12 @@ CASES = {
             rope_scaling={"rope_type": "llama3", "scaling_factor": 4.0},
         ),
         {"tokens": _tokens(2, 8, 20)},
+    ),
+    "transformer_lm(padding_id=-1)+TokenPadding+DropMask": lambda: (
+        zoo.transformer_lm(
+            20, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16, padding_id=-1
+        ),
+        {"tokens": _hf_tokens(2, 8, 20)},
     ),
     "transformer_seq2seq": lambda: (
         zoo.transformer_seq2seq(15, 15, num_layers=1, num_heads=2, d_model=8, intermediate_dim=16),
