@@ -1,5 +1,7 @@
 """NumPy references of the attention formulas, written from the papers' equations."""
 
+import math
+
 import numpy as np
 
 
@@ -103,3 +105,18 @@ def t5_bias(table, tq, tv, bidirectional, max_distance, query_start=None):
                 t5_bucket(j - (i + start), bidirectional, num_buckets, max_distance)
             ]
     return out
+
+
+def llama3_scaling(frequencies, factor, low, high, original):
+    """Meta's `apply_scaling` (llama-models, Llama 3.1), one rotary frequency at a time."""
+    out = []
+    for frequency in frequencies:
+        wavelength = 2 * math.pi / frequency
+        if wavelength < original / high:
+            out.append(frequency)
+        elif wavelength > original / low:
+            out.append(frequency / factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            out.append((1 - smooth) * frequency / factor + smooth * frequency)
+    return np.array(out)

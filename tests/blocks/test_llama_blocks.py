@@ -17,6 +17,7 @@ import pytest
 
 import keras_attn
 from layer_checks import check_layer
+from numpy_reference import llama3_scaling
 
 rng = np.random.default_rng(58)
 KERNELS = ("dense", "fused", "chunked", "backend")
@@ -49,18 +50,8 @@ def gelu(x):
 
 
 def np_llama3_frequencies(theta, depth, factor, low, high, original):
-    """Meta's `apply_scaling` (llama-models, Llama 3.1), one frequency at a time."""
-    out = []
-    for frequency in theta ** -(np.arange(0, depth, 2) / depth):
-        wavelength = 2 * math.pi / frequency
-        if wavelength < original / high:
-            out.append(frequency)
-        elif wavelength > original / low:
-            out.append(frequency / factor)
-        else:
-            smooth = (original / wavelength - low) / (high - low)
-            out.append((1 - smooth) * frequency / factor + smooth * frequency)
-    return np.array(out)
+    """Llama 3.1's rotary frequencies: `theta^(-2i/d)` scaled by Meta's `apply_scaling`."""
+    return llama3_scaling(theta ** -(np.arange(0, depth, 2) / depth), factor, low, high, original)
 
 
 def np_rope(x, positions, frequencies):

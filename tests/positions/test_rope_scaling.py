@@ -3,7 +3,6 @@
 here, transformers' own functions where it is installed, and the shared layer checks."""
 
 import functools
-import math
 
 import keras
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 
 from keras_attn.rotary import RotaryEmbedding, llama3_inverse_frequencies
 from layer_checks import check_layer
+from numpy_reference import llama3_scaling
 
 rng = np.random.default_rng(3)
 LLAMA31 = dict(
@@ -25,21 +25,6 @@ def np_(x):
     return keras.ops.convert_to_numpy(x).astype("float64")
 
 
-def meta_apply_scaling(frequencies, factor, low, high, original):
-    """Meta's `apply_scaling` (llama-models, Llama 3.1), one frequency at a time."""
-    out = []
-    for frequency in frequencies:
-        wavelength = 2 * math.pi / frequency
-        if wavelength < original / high:
-            out.append(frequency)
-        elif wavelength > original / low:
-            out.append(frequency / factor)
-        else:
-            smooth = (original / wavelength - low) / (high - low)
-            out.append((1 - smooth) * frequency / factor + smooth * frequency)
-    return np.array(out)
-
-
 def np_rotate_half(x, positions, frequencies):
     """`(B, T, h, d)`: channel pairs `(j, j + d/2)` rotated by `position * frequency_j`."""
     angles = np.asarray(positions, "float64")[:, None] * frequencies
@@ -52,7 +37,7 @@ def np_rotate_half(x, positions, frequencies):
 @pytest.mark.parametrize("theta", [10000, 500000])
 def test_llama3_frequencies_are_metas(depth, theta):
     base = theta ** -(np.arange(0, depth, 2) / depth)
-    expected = meta_apply_scaling(base, 8.0, 1.0, 4.0, 8192)
+    expected = llama3_scaling(base, 8.0, 1.0, 4.0, 8192)
     got = llama3_inverse_frequencies(theta, depth, 8.0, 1.0, 4.0, 8192)
     np.testing.assert_allclose(got, expected, rtol=1e-12)
     if depth == 128:  # Llama 3.1 8B's heads: all three bands are there
@@ -66,7 +51,7 @@ def test_llama3_rotation_matches_numpy(start):
     layer = RotaryEmbedding(
         500, rope_type="llama3", scaling_factor=4.0, original_max_position_embeddings=64
     )
-    frequencies = meta_apply_scaling(500.0 ** -(np.arange(0, 16, 2) / 16), 4.0, 1.0, 4.0, 64)
+    frequencies = llama3_scaling(500.0 ** -(np.arange(0, 16, 2) / 16), 4.0, 1.0, 4.0, 64)
     expected = np_rotate_half(x, range(start, start + 6), frequencies)
     np.testing.assert_allclose(np_(layer(x, start_index=start)), expected, atol=1e-5)
     # Positions are not divided by the factor (that is "linear"), and a tensor start works.

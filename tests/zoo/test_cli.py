@@ -31,11 +31,13 @@ def run(capsys, *argv):
 def run_command(tmp_path, *argv, **env):
     """`keras-attn` in a fresh process, as a user's shell runs it (no TF_CPP_MIN_LOG_LEVEL).
 
-    TensorFlow reads its log level once, when imported: the command runs `models/cli.py`
-    as the program, so that nothing imports TensorFlow before the command sets it.
+    TensorFlow reads its log level once, when imported: the command runs `bin/keras-attn`
+    (the installed command's script) as the program, so that nothing imports TensorFlow
+    before the command sets it. (Not `models/cli.py` as a path: the zoo imports itself
+    relatively, as a package.)
     """
     environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    program = "import runpy; runpy.run_path('models/cli.py', run_name='__main__')"
+    program = "import runpy; runpy.run_path('bin/keras-attn', run_name='__main__')"
     completed = subprocess.run(
         [sys.executable, "-c", program, *argv], cwd=ROOT, env={**environment, **env},
         capture_output=True, text=True, timeout=600,

@@ -13,6 +13,7 @@ import contextlib
 import keras
 import numpy as np
 import pytest
+from hf_models import tiny_causal_lm
 
 from keras_attn.models import generate, transformer_lm
 
@@ -27,31 +28,10 @@ def np_(x):
 
 
 def _hf_model(family, **config):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    classes = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-    }
-    config_class, model_class = classes[family]
-    config = config_class(
-        vocab_size=VOCAB,
-        hidden_size=D,
-        intermediate_size=FF,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        rms_norm_eps=RMS_EPS,
-        attn_implementation="eager",
-        **config,
-    )
-    torch.manual_seed(0)
-    model = model_class(config).eval()
-    with torch.no_grad():  # random weights everywhere, norms near 1, biases too
-        for name, weight in model.named_parameters():
-            weight.normal_(1.0 if "norm" in name else 0.0, 0.2)
-    return model
+    return tiny_causal_lm(
+        family, VOCAB, D, HEADS, KV_HEADS, FF, LAYERS, rms_norm_eps=RMS_EPS,
+        attn_implementation="eager", **config,
+    )  # fmt: skip
 
 
 def _copy_weights(hf, model):

@@ -18,6 +18,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 torch = pytest.importorskip("torch")
 
+from hf_models import tiny_causal_lm  # noqa: E402
+
 from keras_attn.models import (  # noqa: E402
     from_transformers,
     generate,
@@ -56,33 +58,7 @@ def np_(x):
 
 
 def _hf_model(model_type, **config):
-    torch.manual_seed(0)
-    if model_type == "gpt2":
-        config = transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=D, n_layer=LAYERS, n_head=HEADS, n_positions=32, **config
-        )
-        model = transformers.GPT2LMHeadModel(config)
-    else:
-        classes = {
-            "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        }
-        config_class, model_class = classes[model_type]
-        config = config_class(
-            vocab_size=VOCAB,
-            hidden_size=D,
-            intermediate_size=FF,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            num_key_value_heads=KV_HEADS,
-            **config,
-        )
-        model = model_class(config)
-    with torch.no_grad():  # random weights everywhere (norms near 1, biases too)
-        for name, weight in model.named_parameters():
-            weight.normal_(1.0 if ("norm" in name or "ln_" in name) else 0.0, 0.2)
-    return model.eval()
+    return tiny_causal_lm(model_type, VOCAB, D, HEADS, KV_HEADS, FF, LAYERS, **config)
 
 
 @pytest.fixture(scope="module")
