@@ -115,6 +115,15 @@ def pytest_runtest_logreport(report):
             f.write(report.nodeid + "\n")
 
 
+def pytest_collectreport(report):
+    """Under `KERAS_ATTN_SKIPPED_TO=FILE`, a test file skipped whole (a module-level
+    `pytest.importorskip`) is listed too, by its path: it has no test to report."""
+    path = os.environ.get("KERAS_ATTN_SKIPPED_TO")
+    if path and report.skipped:
+        with open(path, "a") as f:
+            f.write(report.nodeid + "\n")
+
+
 def pytest_unconfigure(config):
     if MADE_JAX_CACHE:
         shutil.rmtree(MADE_JAX_CACHE, ignore_errors=True)
