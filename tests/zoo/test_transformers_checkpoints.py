@@ -191,32 +191,25 @@ def _zoo(**options):
     return model
 
 
+# The Llama family's block: rotary positions, RMS norm, gated SiLU, no biases.
+LLAMA_BLOCK = dict(
+    position="rotary", activation="silu", normalization="rms_norm", feedforward="gated",
+    use_bias=False,
+)  # fmt: skip
 ZOO = {
     "gpt2": {},  # learned positions, exact GELU, LayerNorm, tied
     "gpt2_tanh_untied": {"activation": "gelu_approximate", "tie_weights": False},
     "llama": dict(
-        position="rotary",
-        activation="silu",
-        normalization="rms_norm",
-        feedforward="gated",
-        use_bias=False,
+        **LLAMA_BLOCK,
         tie_weights=False,
         num_key_value_heads=KV_HEADS,
     ),  # fmt: skip
     "qwen2": dict(
-        position="rotary",
-        activation="silu",
-        normalization="rms_norm",
-        feedforward="gated",
-        use_bias=False,
+        **LLAMA_BLOCK,
         qkv_bias=True,
     ),  # fmt: skip
     "mistral": dict(
-        position="rotary",
-        activation="silu",
-        normalization="rms_norm",
-        feedforward="gated",
-        use_bias=False,
+        **LLAMA_BLOCK,
         sliding_window=3,
         rope_scaling={
             "rope_type": "llama3",
