@@ -7,7 +7,6 @@ import numpy as np
 from keras import ops
 
 import keras_attn
-from keras_attn._execution import call_layer
 from keras_attn._typing import ActivationLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_rate
 from keras_attn.cache import RingKVCache
@@ -445,16 +444,15 @@ class LanguageModelSteps:
         """`(B, T)` tokens at `(B, T)` positions -> `(B, T, d)`."""
         if self.padding_id != 0:  # padding (outside the vocabulary) read as row 0, masked
             tokens = ops.where(ops.equal(tokens, self.padding_id), 0, tokens)
-        x = call_layer(self.token_embedding, tokens)
+        x = self.token_embedding(tokens)
         if self.position_embedding is not None:
-            x = x + call_layer(self.position_embedding, x, positions=positions)
+            x = x + self.position_embedding(x, positions=positions)
         return x
 
     def _blocks(self, x, mask, caches, index):
         new = []
         for block, cache in zip(self.blocks, caches, strict=True):
-            x, cache = call_layer(
-                block,
+            x, cache = block(
                 x,
                 decoder_padding_mask=mask,
                 self_attention_cache=cache,
@@ -526,6 +524,6 @@ class LanguageModelSteps:
             x, ops.not_equal(tokens, self.padding_id), state.caches, cache_index
         )
         if self.norm is not None:
-            x = call_layer(self.norm, x)
+            x = self.norm(x)
         logits = self._logits(x[:, 0])  # (B, V)
         return logits, LanguageModelState(caches, state.positions + 1, state.cache_index + 1)

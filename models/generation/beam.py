@@ -179,7 +179,7 @@ def beam_search(
         )  # fmt: skip
         return _outputs(empty)
     if not jit_compile or keras.backend.backend() == "torch":
-        with no_gradients():  # torch: nothing to record for a backward pass
+        with no_gradients(model):  # torch: nothing recorded; the model's layers call plainly
             return _outputs(beam_search_loop(model, source, max_length, config=config))
     # The compiled loop lives as long as the model (a weak key): it must not hold it.
     model_ref = weakref.ref(model)

@@ -200,7 +200,7 @@ def decode_model(
         if config.sampler == "sample" and not config.greedy:  # a draw per step and row
             batch = ops.shape(encoder_inputs)[0]
             uniform = keras.random.uniform((max_length, batch), seed=config.seed)
-        with no_gradients():  # torch: nothing to record for a backward pass
+        with no_gradients(model):  # torch: nothing recorded; the model's layers call plainly
             choose = token_chooser(config, uniform)
             decoded = decode(steps, encoder_inputs, max_length, config, choose)
     return returned(decoded, config)

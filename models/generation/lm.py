@@ -204,7 +204,7 @@ def generate(
         if batch == 0:
             return _stream_empty(max_length, config.return_scores)
         prefill, step = _stream_functions(model, key, max_length, decoding_loop, compiled, xla)
-        return _stream(prefill, step, prompts, uniform, max_length, config)
+        return _stream(model, prefill, step, prompts, uniform, max_length, config)
     if batch == 0:  # no prompts, no tokens (nothing to decode, nor to compile)
         tokens, scores = np.zeros((0, max_length), "int32"), np.zeros((0, max_length), "float32")
         return (tokens, scores) if config.return_scores else tokens
@@ -220,7 +220,7 @@ def generate(
 
     if compiled:
         loop = compiled_loop(model, key, loop, xla)
-    with no_gradients():  # torch: nothing to record for a backward pass
+    with no_gradients(model):  # torch: nothing recorded; the model's layers call plainly
         outputs = tuple(np.asarray(ops.convert_to_numpy(v)) for v in loop(prompts, uniform))
     return outputs if config.return_scores else outputs[0]
 
@@ -248,16 +248,16 @@ def _stream_functions(model, key, max_length, decoding_loop, compiled, xla=True)
     )
 
 
-def _stream(prefill, step, prompts, uniform, max_length, config):
+def _stream(model, prefill, step, prompts, uniform, max_length, config):
     """The iterator of `generate(..., stream=True)`: each step's `(B,)` tokens (and scores)."""
-    with no_gradients():  # per call: a generator must not hold it across its yields
+    with no_gradients(model):  # per call: a generator must not hold it across its yields
         carry = prefill(prompts)
     ended = np.zeros(prompts.shape[0], bool)
     for index in range(max_length):
         if ended.all():  # every row has ended: zeros, as the one-shot call pads
             tokens, scores = np.zeros(len(ended), "int32"), np.zeros(len(ended), "float32")
         else:
-            with no_gradients():
+            with no_gradients(model):
                 carry = step(np.int32(index), carry, uniform)
             tokens = np.asarray(ops.convert_to_numpy(carry.tokens))
             if config.return_scores:
