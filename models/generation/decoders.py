@@ -15,7 +15,7 @@ from keras_attn._typing import TensorLike
 
 from .config import GenerationConfig, check_lengths, config_from
 from .loop import Decoded, decode
-from .samplers import token_chooser, uniform_draws
+from .samplers import token_chooser, sample_draws
 from .steps import alignment_step, decoder_vocab_size, decoding_steps
 
 _GREEDY = (
@@ -151,7 +151,7 @@ def sample_decode(
         seed: None or an integer.
         num_return_sequences: `n` samples per example: `B * n` rows, example `i`'s at rows
             `i * n` to `i * n + n - 1`; sample `j` draws what the example alone draws with
-            `seed + j` (`keras_attn.models.generation.samplers.uniform_draws`).
+            `seed + j` (`keras_attn.models.generation.samplers.sample_draws`).
 
     Returns:
         int32 `(B * n, max_length)` tokens (a tensor); with `return_scores` or
@@ -202,7 +202,7 @@ def decode_model(
         uniform = None
         if config.sampler == "sample" and not config.greedy:  # a draw per step and row
             batch = ops.shape(encoder_inputs)[0]
-            uniform = uniform_draws(config, max_length, batch)  # (T, B * n)
+            uniform = sample_draws(config, max_length, batch)  # (T, B * n)
         if config.num_return_sequences > 1:  # each example's n rows
             encoder_inputs = ops.repeat(encoder_inputs, config.num_return_sequences, axis=0)
         with no_gradients():  # torch: nothing to record for a backward pass

@@ -17,7 +17,7 @@ from .compiled import _small, compiled_loop
 from .config import GenerationConfig, check_setting, config_from
 from .contrastive import ContrastiveLoop
 from .loop import DecodingLoop
-from .samplers import token_chooser, uniform_draws
+from .samplers import token_chooser, sample_draws
 
 _POSITIONAL = (
     "end_id", "sampler", "temperature", "top_k", "top_p", "seed", "beam_width",
@@ -205,7 +205,7 @@ def generate(
     xla = jit_compile is True or keras.backend.backend() != "tensorflow" or not stream
     xla = xla or _small(model)
     key = (config.compile_key, max_length, xla)
-    uniform = uniform_draws(config, max_length, prompts.shape[0])  # (steps, B * n)
+    uniform = sample_draws(config, max_length, prompts.shape[0])  # (steps, B * n)
     prompts = np.repeat(prompts, config.num_return_sequences, axis=0)  # each prompt's n rows
     batch = prompts.shape[0]
     # The compiled loops live as long as the model (`_COMPILED`'s weak key): they must not

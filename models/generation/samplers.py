@@ -210,7 +210,7 @@ def token_chooser(
     return choose
 
 
-def uniform_draws(config: GenerationConfig, max_length: int, batch: int) -> TensorLike:
+def sample_draws(config: GenerationConfig, max_length: int, batch: int) -> TensorLike:
     """float32 `(max_length, batch * n)` draws from `U[0, 1)` for `"sample"`, one per step and
     row, `n = config.num_return_sequences` (the rows: each prompt's `n` samples in turn).
 
@@ -222,7 +222,7 @@ def uniform_draws(config: GenerationConfig, max_length: int, batch: int) -> Tens
     Example:
 
     >>> config = GenerationConfig(sampler="sample", seed=3, num_return_sequences=2)
-    >>> draws = ops.convert_to_numpy(uniform_draws(config, 4, 3))
+    >>> draws = ops.convert_to_numpy(sample_draws(config, 4, 3))
     >>> alone = ops.convert_to_numpy(keras.random.uniform((4, 1), seed=4))[:, 0]
     >>> print(draws.shape, bool(np.all(draws[:, 3] == alone)))
     (4, 6) True

@@ -16,7 +16,7 @@ from keras_attn.models import (
     transformer_lm,
     transformer_seq2seq,
 )
-from keras_attn.models.generation.samplers import uniform_draws
+from keras_attn.models.generation.samplers import sample_draws
 
 pytestmark = pytest.mark.backends
 
@@ -66,15 +66,15 @@ def test_sample_j_of_a_prompt_is_the_prompt_alone_with_seed_plus_j(lm, jit):
 
 
 def test_the_draws_are_n_single_prompt_draws():
-    """`uniform_draws`: column `i * n + j` is `keras.random.uniform((T, 1), seed=seed + j)`;
+    """`sample_draws`: column `i * n + j` is `keras.random.uniform((T, 1), seed=seed + j)`;
     `n = 1` is today's `(T, B)` draw."""
     config = GenerationConfig(sampler="sample", seed=SEED, num_return_sequences=N)
-    draws = np_(uniform_draws(config, LENGTH, 2))
+    draws = np_(sample_draws(config, LENGTH, 2))
     for j in range(N):
         alone = np_(keras.random.uniform((LENGTH, 1), seed=SEED + j))[:, 0]
         np.testing.assert_array_equal(draws[:, j], alone)
         np.testing.assert_array_equal(draws[:, N + j], alone)
-    one = np_(uniform_draws(config.replace(num_return_sequences=1), LENGTH, 2))
+    one = np_(sample_draws(config.replace(num_return_sequences=1), LENGTH, 2))
     np.testing.assert_array_equal(one, np_(keras.random.uniform((LENGTH, 2), seed=SEED)))
 
 
