@@ -15,7 +15,7 @@ from keras_attn._typing import TensorLike
 
 from .config import GenerationConfig, check_lengths, config_from
 from .loop import Decoded, decode
-from .samplers import token_chooser, sample_draws
+from .samplers import sample_draws, token_chooser
 from .steps import alignment_step, decoder_vocab_size, decoding_steps
 
 _GREEDY = (

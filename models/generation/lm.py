@@ -17,7 +17,7 @@ from .compiled import _small, compiled_loop
 from .config import GenerationConfig, check_setting, config_from
 from .contrastive import ContrastiveLoop
 from .loop import DecodingLoop
-from .samplers import token_chooser, sample_draws
+from .samplers import sample_draws, token_chooser
 
 _POSITIONAL = (
     "end_id", "sampler", "temperature", "top_k", "top_p", "seed", "beam_width",
