@@ -331,9 +331,7 @@ def test_predict_takes_the_repetition_controls_and_max_length(language_model, tm
 
 
 @pytest.mark.tensorflow_only
-def test_an_export_with_num_return_sequences_samples_what_python_samples(
-    language_model, tmp_path
-):
+def test_an_export_with_num_return_sequences_samples_what_python_samples(language_model, tmp_path):
     """`export_text(path, num_return_sequences=2)`: `generate` gives each prompt's 2 rows,
     Python's `generate(..., num_return_sequences=2)` (sample `j` from `seed + j`)."""
     import tensorflow as tf
