@@ -90,6 +90,20 @@ def test_contrastive_search_equals_the_uncached_reference(lm, jit):
     np.testing.assert_array_equal(strong, reference_contrastive(lm, PROMPTS[:1], LENGTH, 4, 0.9))
 
 
+@pytest.mark.jax_slow  # eager
+def test_contrastive_search_on_ring_caches_equals_the_reference():
+    """A sliding window (rotary positions): the steps keep ring caches, repeated and
+    selected per candidate as the full ones."""
+    keras.utils.set_random_seed(3)
+    model = transformer_lm(VOCAB, num_layers=2, num_heads=2, d_model=16, intermediate_dim=32,
+                           position="rotary", sliding_window=3)  # fmt: skip
+    rng = np.random.default_rng(0)
+    for weight in model.weights:
+        weight.assign(rng.normal(0, 0.3, weight.shape).astype("float32"))
+    tokens = generate(model, PROMPTS, 6, sampler="contrastive", top_k=3, jit_compile=False)
+    np.testing.assert_array_equal(tokens, reference_contrastive(model, PROMPTS, 6, 3, 0.6))
+
+
 def test_penalty_alpha_0_and_top_k_1_are_greedy(lm):
     greedy = generate(lm, PROMPTS, LENGTH, END, jit_compile=False)
     for top_k, alpha in ((4, 0.0), (1, 0.8)):
