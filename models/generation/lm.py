@@ -139,7 +139,9 @@ def generate(
             the longest prompt and `max_length` tokens, or a bad setting
             (`max_length`, `end_id`, `temperature`, `top_k`, `top_p`, `seed`,
             `repetition_penalty`, `no_repeat_ngram_size`, `jit_compile`, `stream` with
-            `"beam"`); each names the argument.
+            `"beam"`, `penalty_alpha`, `num_return_sequences` above 1 with `"greedy"` or
+            `"contrastive"` or above `beam_width`, `"contrastive"` without `top_k`); each
+            names the argument.
 
     Example:
 

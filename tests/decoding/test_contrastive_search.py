@@ -104,6 +104,7 @@ def test_contrastive_search_on_ring_caches_equals_the_reference():
     np.testing.assert_array_equal(tokens, reference_contrastive(model, PROMPTS, 6, 3, 0.6))
 
 
+@pytest.mark.jax_slow  # eager
 def test_penalty_alpha_0_and_top_k_1_are_greedy(lm):
     greedy = generate(lm, PROMPTS, LENGTH, END, jit_compile=False)
     for top_k, alpha in ((4, 0.0), (1, 0.8)):

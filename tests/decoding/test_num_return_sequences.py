@@ -97,6 +97,7 @@ def test_n_samples_and_n_beams_are_batch_invariant(lm):
     )  # fmt: skip
 
 
+@pytest.mark.jax_slow  # eager sample_decode, one call per sample
 def test_a_seq2seq_models_samples_are_its_examples_alone_with_seed_plus_j():
     keras.utils.set_random_seed(1)
     model = transformer_seq2seq(VOCAB, VOCAB, num_layers=1, d_model=16, intermediate_dim=16)
