@@ -487,8 +487,15 @@ class LanguageModelSteps:
         """`(B,)` int32: each prompt's last token, fed at the first step."""
         return left_align(prompts, self.padding_id)[:, -1]
 
-    def start(self, prompts: TensorLike, max_length: int) -> LanguageModelState:
-        """Prefills the caches with `(B, P)` prompts (but their last tokens); the initial state."""
+    def start(
+        self, prompts: TensorLike, max_length: int, return_hidden: bool = False
+    ) -> LanguageModelState | tuple[LanguageModelState, TensorLike]:
+        """Prefills the caches with `(B, P)` prompts (but their last tokens); the initial state.
+
+        `return_hidden=True`: `(state, hidden)`, with the prefilled tokens' final hidden
+        states `(B, P - 1, d)` (after the final norm: what the logits project; the
+        left-aligned prompts', so a row's padding comes first).
+        """
         check_prompts(prompts, self.vocab_size, max_length, self.sequence_length, self.padding_id)
         prompts = left_align(prompts, self.padding_id)  # (B, P)
         batch, length = ops.shape(prompts)[0], ops.shape(prompts)[1]
@@ -498,19 +505,31 @@ class LanguageModelSteps:
             caches = [b.empty_cache(batch, length - 1 + max_length) for b in self.blocks]
         positions = TokenPositions(self.padding_id)(prompts)  # (B, P)
         context = prompts[:, :-1]  # (B, P - 1)
+        hidden = None
         if not isinstance(length, int) or length > 1:
             x = self._embed(context, positions[:, :-1])
-            _, caches = self._blocks(x, ops.not_equal(context, self.padding_id), caches, 0)
-        return LanguageModelState(
+            hidden, caches = self._blocks(x, ops.not_equal(context, self.padding_id), caches, 0)
+        state = LanguageModelState(
             caches=caches,
             positions=positions[:, -1],
             cache_index=ops.zeros_like(positions[:, -1]) + ops.cast(length - 1, "int32"),
         )
+        if not return_hidden:
+            return state
+        if hidden is None:  # a one-token prompt: nothing prefilled
+            return state, ops.zeros((batch, 0, self.token_embedding.output_dim), "float32")
+        return state, self._final_norm(hidden)
 
     def step(
-        self, tokens: TensorLike, index: Length, state: LanguageModelState
-    ) -> tuple[TensorLike, LanguageModelState]:
-        """`(B,)` tokens, the `index`-th fed -> next-token logits `(B, V)` and the new state."""
+        self,
+        tokens: TensorLike,
+        index: Length,
+        state: LanguageModelState,
+        return_hidden: bool = False,
+    ) -> tuple[TensorLike, LanguageModelState] | tuple[TensorLike, LanguageModelState, TensorLike]:
+        """`(B,)` tokens, the `index`-th fed -> next-token logits `(B, V)` and the new state
+        (and with `return_hidden`, the tokens' final hidden states `(B, d)`: after the final
+        norm, what the logits project; contrastive search compares them)."""
         tokens = ops.expand_dims(ops.cast(tokens, "int32"), 1)  # (B, 1)
         positions = ops.expand_dims(state.positions, 1)  # (B, 1)
         if state.cache_index is None:
@@ -523,7 +542,11 @@ class LanguageModelSteps:
         x, caches = self._blocks(
             x, ops.not_equal(tokens, self.padding_id), state.caches, cache_index
         )
-        if self.norm is not None:
-            x = self.norm(x)
+        x = self._final_norm(x)
         logits = self._logits(x[:, 0])  # (B, V)
-        return logits, LanguageModelState(caches, state.positions + 1, state.cache_index + 1)
+        state = LanguageModelState(caches, state.positions + 1, state.cache_index + 1)
+        return (logits, state, x[:, 0]) if return_hidden else (logits, state)
+
+    def _final_norm(self, x):
+        """The blocks' output `(B, T, d)` after the final norm (where the model has one)."""
+        return x if self.norm is None else self.norm(x)
