@@ -22,6 +22,7 @@ from keras_attn.arguments import is_int
 
 FLOAT32_MAX = float(np.finfo("float32").max)
 SAMPLERS = ("greedy", "sample", "beam")
+KV_CACHE_DTYPES = ("float", "int8")
 
 
 def _number(value) -> bool:
@@ -119,6 +120,9 @@ RULES = {
     "length_penalty": Rule("number", "a finite number", lambda x, finite: finite(x)),
     "return_scores": Rule("flag", "True or False"),
     "return_alignment": Rule("flag", "True or False"),
+    "kv_cache_dtype": Rule(
+        "choice", "None, 'float' or 'int8'", optional=True, choices=KV_CACHE_DTYPES
+    ),
 }  # fmt: skip
 
 
@@ -145,6 +149,10 @@ class GenerationConfig:
         beam_width, length_penalty: of `"beam"`.
         return_scores, return_alignment: also return the tokens' log-probabilities, the
             steps' alignment over the source.
+        kv_cache_dtype: None or `"float"` (kept as None): the KV caches in the model's
+            compute dtype; `"int8"`: keys and values stored as int8 with a float32 scale
+            per position and head (`keras_attn.cache.Int8Heads`), read back before the
+            attention (a language model's caches).
 
     Example:
 
@@ -168,6 +176,7 @@ class GenerationConfig:
     length_penalty: float = 0.6
     return_scores: bool = False
     return_alignment: bool = False
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -183,6 +192,8 @@ class GenerationConfig:
             object.__setattr__(self, "repetition_penalty", 1.0)
         if self.no_repeat_ngram_size is None:
             object.__setattr__(self, "no_repeat_ngram_size", 0)
+        if self.kv_cache_dtype == "float":
+            object.__setattr__(self, "kv_cache_dtype", None)
 
     @classmethod
     def exported(cls) -> tuple[str, ...]:
