@@ -29,10 +29,11 @@ text model does), the share of positions where the int8 cache's token equals the
 cache's.
 
 `--speed` (TensorFlow, or the backend set): the GPT-2-small-sized model (random weights),
-batch 1, a prompt of 1,024 and of 4,096 random tokens prefilled once per cache, then one
-compiled decoding step (`tf.function(jit_compile=True)` / `jax.jit`; torch eagerly) timed
-from that state, float32 and int8 caches interleaved (`benchmarks.timing.time_group`):
-tokens/s of the step (1 / its median time) and int8 / float.
+batch 1, a prompt of 1,024 and of 4,096 random tokens prefilled once per cache, then
+compiled loops of 4 and of 20 greedy decoding steps from that state
+(`tf.function(jit_compile=True)` / `jax.jit`; torch eagerly), float32 and int8 caches
+interleaved (`benchmarks.timing.time_group`); a step is the difference over 16 steps (the
+loop's fixed costs cancel): tokens/s (1 / the median step) and int8 / float32 per repeat.
 """
 
 import argparse
@@ -218,12 +219,32 @@ def quality(path, data_dir, count=500, new=24):
     return report
 
 
-def speed(prompts=(1024, PROMPT), repeats=5, new=NEW):
-    """Tokens/s of a compiled decoding step after a prefill, float32 vs int8 caches."""
+def speed(prompts=(1024, PROMPT), repeats=5, new=NEW, short=4, long=20):
+    """Tokens/s of compiled decoding steps after a prefill, float32 vs int8 caches.
+
+    A step's time is `(t(long) - t(short)) / (long - short)` per repeat, `t(n)` the time of
+    one compiled call running `n` steps in a loop from the prefilled state (the caches
+    loop-carried, updated in place as in `generate`'s loop): the call's fixed costs (the
+    copy of the caches it is given, the crossing into the compiled function) cancel.
+    """
+    from keras import ops
+
     from keras_attn._execution import no_gradients
     from keras_attn.models.transformer_lm import LanguageModelSteps
 
     backend = keras.backend.backend()
+
+    def compiled(fn):
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            return tf.function(fn, jit_compile=True)
+        if backend == "jax":
+            import jax
+
+            return jax.jit(fn, static_argnums=(2,))
+        return fn
+
     rows = []
     for prompt in prompts:
         model = gpt2_small(prompt + new)
@@ -231,46 +252,46 @@ def speed(prompts=(1024, PROMPT), repeats=5, new=NEW):
         fns, states = {}, {}
         for dtype in DTYPES:
             steps = LanguageModelSteps(model, kv_cache_dtype=dtype)
-            start, step = steps.start, steps.step
-            if backend == "tensorflow":
-                import tensorflow as tf
+            start = compiled(lambda p, steps=steps: steps.start(p, new))
 
-                start = tf.function(lambda p, steps=steps: steps.start(p, new), jit_compile=True)
-                step = tf.function(steps.step, jit_compile=True)
-            elif backend == "jax":
-                import jax
+            def loop(token, state, count, steps=steps):
+                def body(index, carry, steps=steps):
+                    token, state, total = carry
+                    logits, state = steps.step(token, index, state)
+                    return ops.cast(ops.argmax(logits, -1), "int32"), state, total + logits[0, 0]
 
-                start = jax.jit(lambda p, steps=steps: steps.start(p, new))
-                step = jax.jit(steps.step)
-            else:
-                start = lambda p, steps=steps: steps.start(p, new)  # noqa: E731
+                return ops.fori_loop(0, count, body, (token, state, ops.zeros(())))[2]
+
+            loop = compiled(loop)
             with no_gradients():
-                states[dtype] = start(keras.ops.convert_to_tensor(tokens))
-            token = keras.ops.convert_to_tensor(tokens[:, -1])
-            index = keras.ops.convert_to_tensor(0, "int32")
+                states[dtype] = start(ops.convert_to_tensor(tokens))
+            token = ops.convert_to_tensor(tokens[:, -1])
+            for count in (short, long):
 
-            def run(step=step, state=states[dtype], token=token, index=index):
-                with no_gradients():
-                    logits, _ = step(token, index, state)
-                return keras.ops.convert_to_numpy(logits[0, 0])
+                def run(loop=loop, state=states[dtype], token=token, count=count):
+                    with no_gradients():
+                        return ops.convert_to_numpy(loop(token, state, count))
 
-            fns[_label(dtype)] = run
-        result = timing.time_group(fns, (), repeats=repeats, min_time=0.5)
-        row = {"prompt": prompt, "batch": 1, "load": timing.loadavg()}
-        for label in fns:
-            row[label] = {
-                "tokens_per_s": 1 / result[label]["median_s"],
-                "step_ms": 1000 * result[label]["median_s"],
-                "times_s": result[label]["times_s"],
-            }
-        ratio = result["ratio"]["int8"]  # per repeat: t_int8 / t_float
-        row["int8_speed_vs_float"] = {k: 1 / v for k, v in ratio.items() if k != "samples"}
+                fns[f"{_label(dtype)} {count}"] = run
+        result = timing.time_group(fns, (), repeats=repeats, min_time=0.0, max_calls=1)
+        row = {"prompt": prompt, "batch": 1, "steps": (short, long), "load": timing.loadavg()}
+        step_s = {}
+        for dtype in DTYPES:
+            label = _label(dtype)
+            times = zip(result[f"{label} {long}"]["times_s"], result[f"{label} {short}"]["times_s"],
+                        strict=True)  # fmt: skip
+            step_s[label] = [(a - b) / (long - short) for a, b in times]
+            median = float(np.median(step_s[label]))
+            row[label] = {"tokens_per_s": 1 / median, "step_ms": 1000 * median,
+                          "step_s": step_s[label]}  # fmt: skip
+        speedups = [f / i for f, i in zip(step_s["float32"], step_s["int8"], strict=True)]
+        row["int8_speed_vs_float"] = {**timing.summarize(speedups), "samples": speedups}
         row["cache_bytes"] = {_label(d): _nbytes(states[d].caches) for d in DTYPES}
         rows.append(row)
         s = row["int8_speed_vs_float"]
         print(f"| {prompt} | {row['float32']['tokens_per_s']:.2f} | "
               f"{row['int8']['tokens_per_s']:.2f} | {s['median']:.3f} "
-              f"[{s['max']:.3f}-{s['min']:.3f}] |", flush=True)  # fmt: skip
+              f"[{s['min']:.3f}-{s['max']:.3f}] |", flush=True)  # fmt: skip
     return {"backend": backend, "rows": rows}
 
 

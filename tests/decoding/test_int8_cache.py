@@ -113,9 +113,9 @@ def _steps(layer, x, cache, prefill=3, mask=None, jit=False):
 
 # The tolerance of an output: each key and value is read within half a step of the float
 # cache's (1/254 of its head vector's largest number, 0.4 %); through the softmax and the
-# output projection of these small layers the outputs moved by at most 1.6 % of the float
-# output's largest (measured over the cases below): asserted at 4 %.
-OUTPUT_TOLERANCE = 0.04
+# output projection of these small layers the outputs moved by 0.25-0.53 % of the float
+# output's largest (measured on TensorFlow, the four kernels, eager): asserted at 2 %.
+OUTPUT_TOLERANCE = 0.02
 
 
 @pytest.mark.parametrize("implementation", ["dense", "fused", "chunked", "backend"])
@@ -233,7 +233,7 @@ def test_generate_int8_tokens_agree_with_the_float_cache(lm):
 
 def test_int8_steps_logits_are_near_the_float_caches(lm):
     """A prefill and 6 steps of `LanguageModelSteps`: int8 logits within 2 % of the float
-    logits' range (measured: 0.4 %), and a `"float"` setting is the float cache."""
+    logits' range (measured: 0.5 %), and a `"float"` setting is the float cache."""
     from keras_attn.models.transformer_lm import LanguageModelSteps
 
     def logits(**setting):
