@@ -4,6 +4,7 @@
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.kv_cache --memory [--json PATH]
     python -m benchmarks.kv_cache --quality RUN.keras --data-dir DIR [--json PATH]
     python -m benchmarks.kv_cache --speed [--prompts 1024 4096] [--quick] [--json PATH]
+    python -m benchmarks.kv_cache --reads [--quick] [--json PATH]                  # TensorFlow
 
 `--bytes`: the caches of a GPT-2-small-sized `transformer_lm` (`GPT2_SMALL`: 12 blocks,
 12 heads of 64, hidden 768) at batch 1 for a 4,096-token prompt and 64 new tokens
@@ -34,10 +35,15 @@ compiled loops of 4 and of 20 greedy decoding steps from that state
 (`tf.function(jit_compile=True)` / `jax.jit`; torch eagerly), float32 and int8 caches
 interleaved (`benchmarks.timing.time_group`); a step is the difference over 16 steps (the
 loop's fixed costs cancel): tokens/s (1 / the median step) and int8 / float32 per repeat.
+
+`--reads` (TensorFlow): the attention of one step over 12 blocks' caches at 4,159 positions
+alone, float32 against the int8 reads and two ways of folding the scales
+(`attention_reads`).
 """
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -219,6 +225,69 @@ def quality(path, data_dir, count=500, new=24):
     return report
 
 
+def attention_reads(positions=PROMPT - 1 + NEW, repeats=5):
+    """The attention of one decoding step over 12 blocks' caches (TensorFlow, XLA), alone.
+
+    One query per head (12 heads of 64) over `positions` keys and values per block, each
+    block its own arrays: float32 caches (`matmul`, softmax, `matmul`), against int8 caches
+    read back as the attention reads them (`cast * scale`, then the same), and two ways of
+    folding the scales instead: `cast` only into the matmuls, the key scale on the scores and
+    the value scale on the weights; and a multiply-and-sum over the int8 numbers (no matmul:
+    XLA fuses the cast into the reduction, reading the int8 bytes once).
+    """
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    shape = (1, 12, positions, 64)
+    query = tf.constant(rng.normal(size=(1, 12, 1, 64)).astype("float32"))
+    floats = [tf.constant(rng.normal(size=shape).astype("float32")) for _ in range(24)]
+    ints = [tf.cast(tf.round(x * 30), tf.int8) for x in floats]
+    scales = [tf.fill((1, 12, positions, 1), 1 / 30) for _ in range(24)]
+
+    def each_block(attend):
+        def run(keys, values, key_scales, value_scales):
+            total = 0.0
+            for block in zip(keys, values, key_scales, value_scales, strict=True):
+                total += tf.reduce_sum(attend(*block))
+            return total
+
+        return tf.function(run, jit_compile=True)
+
+    def softmax_matmuls(k, v, *_):
+        weights = tf.nn.softmax(tf.matmul(query, k, transpose_b=True) / 8.0)
+        return tf.matmul(weights, v)
+
+    def dequantized(k, v, a, b):
+        return softmax_matmuls(tf.cast(k, tf.float32) * a, tf.cast(v, tf.float32) * b)
+
+    def cast_only(k, v, a, b):
+        scores = tf.matmul(query, tf.cast(k, tf.float32), transpose_b=True)
+        weights = tf.nn.softmax(scores * tf.transpose(a, (0, 1, 3, 2)) / 8.0)
+        return tf.matmul(weights * tf.transpose(b, (0, 1, 3, 2)), tf.cast(v, tf.float32))
+
+    def summed(k, v, a, b):
+        scores = tf.reduce_sum(query * tf.cast(k, tf.float32), -1)[:, :, None] / 8.0
+        weights = tf.nn.softmax(scores * tf.transpose(a, (0, 1, 3, 2)))
+        weighted = tf.transpose(weights, (0, 1, 3, 2)) * b  # (1, 12, S, 1)
+        return tf.reduce_sum(weighted * tf.cast(v, tf.float32), 2)
+
+    args = {"float32": (floats[:12], floats[12:], scales[:12], scales[12:])}
+    int8 = (ints[:12], ints[12:], scales[:12], scales[12:])
+    args |= {name: int8 for name in ("int8, cast * scale", "int8, cast only", "int8, summed")}
+    kinds = dict(zip(args, (softmax_matmuls, dequantized, cast_only, summed), strict=True))
+    fns = {name: functools.partial(each_block(kinds[name]), *args[name]) for name in args}
+    reference = float(fns["float32"]())
+    result = timing.time_group(fns, (), repeats=repeats, min_time=0.3)
+    rows = {}
+    print(f"| reads of 12 blocks, {positions} positions | ms | time / float32 |")
+    print("|---|---|---|")
+    for name in fns:
+        ratio = 1.0 if name == "float32" else result["ratio"][name]["median"]
+        rows[name] = {"ms": 1000 * result[name]["median_s"], "time_vs_float": ratio}
+        print(f"| {name} | {rows[name]['ms']:.1f} | {ratio:.2f} |")
+    return {"positions": positions, "rows": rows, "float_output": reference}
+
+
 def speed(prompts=(1024, PROMPT), repeats=5, new=NEW, short=4, long=20):
     """Tokens/s of compiled decoding steps after a prefill, float32 vs int8 caches.
 
@@ -302,6 +371,7 @@ def main(argv=None):
     parser.add_argument("--quality", metavar="RUN_KERAS")
     parser.add_argument("--data-dir")
     parser.add_argument("--speed", action="store_true")
+    parser.add_argument("--reads", action="store_true")
     parser.add_argument("--prompts", type=int, nargs="+", default=[1024, PROMPT])
     parser.add_argument("--quick", action="store_true", help="3 repeats")
     parser.add_argument("--json")
@@ -321,6 +391,8 @@ def main(argv=None):
         print("| prompt | float32 cache tokens/s | int8 cache tokens/s | int8 / float32 [range] |")
         print("|---|---|---|---|")
         report["speed"] = speed(args.prompts, repeats=3 if args.quick else 5)
+    if args.reads:
+        report["reads"] = attention_reads(repeats=3 if args.quick else 5)
     report["load_end"] = timing.loadavg()
     print(f"load average: start {report['load_start']}, end {report['load_end']}")
     if args.json:
