@@ -6,7 +6,7 @@
                           [--output DIR] ...
     keras-attn predict TASK [TEXT ...] [--runs-dir DIR] [--stream] [--temperature T]
                        [--top-k K] [--top-p P] [--seed S] [--repetition-penalty R]
-                       [--no-repeat-ngram-size N] [--max-length L]
+                       [--no-repeat-ngram-size N] [--max-length L] [--kv-cache-dtype float|int8]
     keras-attn export transformer-lm --format transformers DIR [--runs-dir DIR]
 
 A command's options may come before, between or after its positional arguments.
@@ -262,6 +262,11 @@ def _parser():
         "--max-length", type=int,
         help="transformer-lm: the most new tokens (default and largest: the run's)",
     )  # fmt: skip
+    predict.add_argument(
+        "--kv-cache-dtype", choices=["float", "int8"],
+        help="transformer-lm: the KV cache's keys and values in the model's dtype (float, "
+        "the default) or int8 with a scale per position and head",
+    )  # fmt: skip
     export = commands.add_parser(
         "export",
         help="a trained language model as a Hugging Face folder",
@@ -296,7 +301,9 @@ def _export(args):
 
 
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
-_GENERATION_FLAGS = (*_SAMPLING_FLAGS, "repetition_penalty", "no_repeat_ngram_size", "max_length")
+_GENERATION_FLAGS = (
+    *_SAMPLING_FLAGS, "repetition_penalty", "no_repeat_ngram_size", "max_length", "kv_cache_dtype"
+)  # fmt: skip
 
 
 def _generation(args):
@@ -315,7 +322,7 @@ def _generation(args):
                 sampler="sample", temperature=temperature, top_k=given["top_k"],
                 top_p=given["top_p"], seed=given["seed"],
             )  # fmt: skip
-        for name in ("repetition_penalty", "no_repeat_ngram_size"):
+        for name in ("repetition_penalty", "no_repeat_ngram_size", "kv_cache_dtype"):
             if given[name] is not None:
                 settings[name] = given[name]
         if settings:

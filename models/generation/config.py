@@ -22,6 +22,7 @@ from keras_attn.arguments import is_int
 
 FLOAT32_MAX = float(np.finfo("float32").max)
 SAMPLERS = ("greedy", "sample", "beam", "contrastive")
+KV_CACHE_DTYPES = ("float", "int8")
 
 
 def _number(value) -> bool:
@@ -123,6 +124,9 @@ RULES = {
     "penalty_alpha": Rule(
         "number", "a number in [0, 1]", lambda x, finite: finite(x) & (x >= 0) & (x <= 1)
     ),
+    "kv_cache_dtype": Rule(
+        "choice", "None, 'float' or 'int8'", optional=True, choices=KV_CACHE_DTYPES
+    ),
 }  # fmt: skip
 
 
@@ -155,6 +159,10 @@ class GenerationConfig:
             best first. `"greedy"` and `"contrastive"` (deterministic) take 1 only.
         penalty_alpha: of `"contrastive"` (contrastive search among the `top_k` most
             likely tokens): the weight of the degeneration penalty, in `[0, 1]` (0 is greedy).
+        kv_cache_dtype: None or `"float"` (kept as None): the KV caches in the model's
+            compute dtype; `"int8"`: keys and values stored as int8 with a float32 scale
+            per position and head (`keras_attn.cache.Int8Heads`), read back before the
+            attention (a language model's caches).
 
     Example:
 
@@ -180,6 +188,7 @@ class GenerationConfig:
     return_alignment: bool = False
     num_return_sequences: int = 1
     penalty_alpha: float = 0.6
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -195,6 +204,8 @@ class GenerationConfig:
             object.__setattr__(self, "repetition_penalty", 1.0)
         if self.no_repeat_ngram_size is None:
             object.__setattr__(self, "no_repeat_ngram_size", 0)
+        if self.kv_cache_dtype == "float":
+            object.__setattr__(self, "kv_cache_dtype", None)
         self._check_return_sequences()
 
     def _check_return_sequences(self):

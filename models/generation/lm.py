@@ -112,6 +112,10 @@ def generate(
             controls, the temperature, top-k and top-p), 0.0 after a row's end. For
             `"beam"`, the chosen sequence's per-token log-probabilities.
         stream: return an iterator of each step's tokens (not with `"beam"`).
+        kv_cache_dtype: None or `"float"` (the model's compute dtype), or `"int8"`: the
+            KV caches (full or ring) hold int8 keys and values with a float32 scale per
+            position and head, quantized as written and read back before the attention
+            (4 bytes less per number; see `keras_attn.cache.Int8Heads`). Keyword only.
         config: a `GenerationConfig` holding the settings (None: from the keywords).
         num_return_sequences: `n` continuations per prompt (`"sample"`: `n` draws, sample
             `j` of a prompt drawing what the prompt alone draws with `seed + j`, in any
@@ -187,7 +191,7 @@ def generate(
             "a language model has none. Received: return_alignment=True"
         )
     prompts = np.asarray(ops.convert_to_numpy(prompts))
-    steps = LanguageModelSteps(model)
+    steps = LanguageModelSteps(model, kv_cache_dtype=config.kv_cache_dtype)
     max_length = check_setting("max_length", max_length)
     config.check_vocabulary(steps.vocab_size)
     positions = max_length + (config.sampler == "contrastive")  # one more: the last candidates
@@ -216,7 +220,7 @@ def generate(
 
     def decoding_loop(uniform, steps=None):
         """The loop drawing from `uniform` (a traced argument: never a constant of the trace)."""
-        steps = steps or LanguageModelSteps(model_ref())
+        steps = steps or LanguageModelSteps(model_ref(), kv_cache_dtype=config.kv_cache_dtype)
         loop = ContrastiveLoop if config.sampler == "contrastive" else DecodingLoop
         return loop(steps, config, token_chooser(config, uniform))
 

@@ -275,7 +275,9 @@ class TextLanguageModel(_TextModel):
         nothing): how many have words outside the vocabulary (of the words kept)."""
         return _unfamiliar(self.prompt_ids(text))
 
-    def export_text(self, path: str, num_return_sequences: int = 1) -> None:
+    def export_text(
+        self, path: str, num_return_sequences: int = 1, kv_cache_dtype: str | None = None
+    ) -> None:
         """A SavedModel of a prompt in, its continuation out (never a `suppress_tokens` token),
         the vocabulary in `assets/`.
 
@@ -310,22 +312,33 @@ class TextLanguageModel(_TextModel):
         `i * n` to `i * n + n - 1`, sample `j` drawn from `seed + j` (Python's
         `generate(..., num_return_sequences=n)`; at temperature 0 the `n` rows are equal).
 
+        With `kv_cache_dtype="int8"` every signature decodes through int8 KV caches
+        (`keras_attn.models.generate`'s setting, fixed at export): `prefill` and
+        `decode_step` pass `keys` and `values` as int8 and two more tensors, `key_scales` and
+        `value_scales` float32 `(B, L, S, g, 1)` (each position's and head's scale: a key is
+        `keys * key_scales`).
+
         Args:
             path: the SavedModel directory, written atomically.
             num_return_sequences: samples per prompt of the `generate` signature.
+            kv_cache_dtype: None or `"float"` (the model's compute dtype), or `"int8"`.
 
         Raises:
-            ValueError: a `num_return_sequences` that is not a positive integer.
+            ValueError: a `num_return_sequences` that is not a positive integer, a
+                `kv_cache_dtype` other than those.
         """
         import tensorflow as tf
 
         from ..generation import GenerationConfig, greedy_decode
+        from ..generation.config import check_setting
         from ..generation.export import generation_specs, sampled_generation
         from ..transformer_lm import LanguageModelSteps
 
         _check_export_backend()
         # (checked first: a bad value fails before anything is traced)
         sampled = GenerationConfig(sampler="sample", num_return_sequences=num_return_sequences)
+        kv_cache_dtype = check_setting("kv_cache_dtype", kv_cache_dtype)
+        kv_cache_dtype = None if kv_cache_dtype == "float" else kv_cache_dtype
         model, end_id, suppress_ids = self.language_model, self.end_id, self.suppress_ids
         archive = keras.export.ExportArchive()
         archive.track(model)
@@ -337,8 +350,9 @@ class TextLanguageModel(_TextModel):
         def decoder(prompts):
             prompts = tf.cast(prompts, tf.int32)
             return greedy_decode(
-                model, prompts, self.max_length, None, end_id, suppress_ids=suppress_ids
-            )
+                model, prompts, self.max_length, None, end_id, suppress_ids=suppress_ids,
+                kv_cache_dtype=kv_cache_dtype,
+            )  # fmt: skip
 
         archive.add_endpoint("greedy_decode", decoder)
         archive.add_endpoint(
@@ -346,7 +360,7 @@ class TextLanguageModel(_TextModel):
             lambda tokens: model(tf.cast(tokens, tf.int32), training=False),
             input_signature=[tf.TensorSpec((None, None), tf.int64, name="tokens")],
         )
-        self._add_streaming(archive)
+        self._add_streaming(archive, kv_cache_dtype)
         with tempfile.TemporaryDirectory() as scratch:
             vocabulary = self.lookup.get_vocabulary()
             vocabulary_file = _vocabulary_file(scratch, "vocabulary.txt", vocabulary)
@@ -372,7 +386,8 @@ class TextLanguageModel(_TextModel):
             def generate(text, *settings):
                 settings = dict(zip(GenerationConfig.exported(), settings, strict=True))
                 decoded = sampled_generation(
-                    LanguageModelSteps(model), self.prompt_ids(text, lookup), config,
+                    LanguageModelSteps(model, kv_cache_dtype=kv_cache_dtype),
+                    self.prompt_ids(text, lookup), config,
                     self.max_length, **settings,
                 )  # fmt: skip
                 text = _join_words(decoded.tokens, words(all_ids), self.end_token)
@@ -381,36 +396,77 @@ class TextLanguageModel(_TextModel):
             archive.add_endpoint("generate", generate)
             write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
 
-    def _add_streaming(self, archive):
+    def _add_streaming(self, archive, kv_cache_dtype=None):
         """The `prefill` and `decode_step` endpoints (`export_text`): the KV cache in and out
         as tensors, every block's keys and values in keras-hub's layout (`KVCache.to_stacked`
-        / `from_stacked`), stacked on axis 1."""
+        / `from_stacked`), stacked on axis 1; an int8 cache's scales beside them."""
         import tensorflow as tf
 
-        from keras_attn.cache import KVCache
+        from keras_attn.cache import Int8Heads, KVCache
 
         from ..generation.processors import rule_out
         from ..transformer_lm import LanguageModelState, LanguageModelSteps
 
         model, suppress_ids, max_length = self.language_model, self.suppress_ids, self.max_length
+        int8 = kv_cache_dtype == "int8"
+        names = ("keys", "values", "valid", "positions", "index")
+        names += ("key_scales", "value_scales") if int8 else ()
+
+        def heads_last(x):  # (B, g, S, d) <-> (B, S, g, d): keras-hub's layout
+            return tf.transpose(x, (0, 2, 1, 3))
 
         def outputs(logits, state, index):
-            stacked = [c.to_stacked() for c in state.caches]  # L of (B, 2, S, g, d)
+            if int8:  # L of Int8Heads (B, g, S, d): int8 and scales, each (B, L, S, g, d|1)
+                keys, values = ([c.key for c in state.caches], [c.value for c in state.caches])
+                cache = {
+                    "keys": tf.stack([heads_last(k.values) for k in keys], axis=1),
+                    "values": tf.stack([heads_last(v.values) for v in values], axis=1),
+                    "key_scales": tf.stack([heads_last(k.scale) for k in keys], axis=1),
+                    "value_scales": tf.stack([heads_last(v.scale) for v in values], axis=1),
+                }
+            else:
+                stacked = [c.to_stacked() for c in state.caches]  # L of (B, 2, S, g, d)
+                cache = {
+                    "keys": tf.stack([s[:, 0] for s in stacked], axis=1),  # (B, L, S, g, dk)
+                    "values": tf.stack([s[:, 1] for s in stacked], axis=1),  # (B, L, S, g, dv)
+                }
             return {
                 "logits": rule_out(tf.cast(logits, tf.float32), suppress_ids),  # (B, V)
-                "keys": tf.stack([s[:, 0] for s in stacked], axis=1),  # (B, L, S, g, dk)
-                "values": tf.stack([s[:, 1] for s in stacked], axis=1),  # (B, L, S, g, dv)
+                **cache,
                 "valid": state.caches[0].valid,  # (B, S): the same in every block
                 "positions": state.positions,  # (B,)
                 "index": index,
             }
+
+        def caches_of(tensors, valid, blocks):
+            """The `KVCache` of each of `blocks` blocks from the signature's tensors."""
+            if int8:
+                return [
+                    KVCache(
+                        *(
+                            Int8Heads(
+                                heads_last(tensors[name][:, i]),
+                                heads_last(tensors[name[:-1] + "_scales"][:, i]),
+                            )
+                            for name in ("keys", "values")
+                        ),
+                        valid,
+                    )
+                    for i in range(blocks)
+                ]
+            keys, values = tensors["keys"], tensors["values"]
+            return [  # (5-D tensors at most: TFLite's slices take no more)
+                KVCache.from_stacked(tf.stack([keys[:, i], values[:, i]], axis=1), valid)
+                for i in range(blocks)
+            ]
 
         @tf.function(
             input_signature=[tf.TensorSpec((None, None), tf.int64, name="tokens")], autograph=False
         )
         def prefill(tokens):
             # Full caches (a sliding window's ring too: its positions are the signature's)
-            steps, tokens = LanguageModelSteps(model, ring=False), tf.cast(tokens, tf.int32)
+            steps = LanguageModelSteps(model, ring=False, kv_cache_dtype=kv_cache_dtype)
+            tokens = tf.cast(tokens, tf.int32)
             state = steps.start(tokens, max_length)
             logits, state = steps.step(steps.start_tokens(tokens), 0, state)
             return outputs(logits, state, tf.constant(1, tf.int32))
@@ -423,20 +479,21 @@ class TextLanguageModel(_TextModel):
         @tf.function(
             input_signature=[
                 tf.TensorSpec((None,), tf.int64, name="token"),
-                *(spec(name) for name in ("keys", "values", "valid", "positions", "index")),
+                *(spec(name) for name in names),
             ],
             autograph=False,
         )
-        def decode_step(token, keys, values, valid, positions, index):
+        def decode_step(token, *tensors):
+            tensors = dict(zip(names, tensors, strict=True))
+            keys, valid, positions, index = (
+                tensors[name] for name in ("keys", "valid", "positions", "index")
+            )
             in_range = tf.logical_and(index >= 1, index < max_length)
             message = f"`index` must be in [1, {max_length}) (prefill's, then decode_step's)."
             with tf.control_dependencies([tf.debugging.Assert(in_range, [message, index])]):
                 index = tf.identity(index)
-            steps = LanguageModelSteps(model, ring=False)
-            caches = [  # (5-D tensors at most: TFLite's slices take no more)
-                KVCache.from_stacked(tf.stack([keys[:, i], values[:, i]], axis=1), valid)
-                for i in range(len(steps.blocks))
-            ]
+            steps = LanguageModelSteps(model, ring=False, kv_cache_dtype=kv_cache_dtype)
+            caches = caches_of(tensors, valid, len(steps.blocks))
             # The cache position of this token: the prefill's `P - 1`, then one a step
             written = tf.shape(keys)[2] - max_length + index
             state = LanguageModelState(caches, positions, tf.fill(tf.shape(positions), written))
