@@ -15,6 +15,7 @@ def assert_generation_batch_invariance(
     end_id: int | None = None,
     *,
     jit_compile: bool = True,
+    **settings: Any,
 ) -> None:
     """Asserts that each prompt's greedy continuation is the same alone and in any batch.
 
@@ -42,6 +43,8 @@ def assert_generation_batch_invariance(
             `generate`.
         jit_compile: run `generate` compiled (TensorFlow's XLA, `jax.jit`; torch runs
             eagerly either way).
+        **settings: more of `generate`'s settings, passed to every call (e.g.
+            `stop_sequences`, `min_new_tokens`, `repetition_penalty`).
 
     Returns:
         None.
@@ -69,7 +72,9 @@ def assert_generation_batch_invariance(
     width = max(len(row) for row in rows)
 
     def continue_(batch):
-        return np.asarray(generate(model, batch, max_length, end_id, jit_compile=jit_compile))
+        return np.asarray(
+            generate(model, batch, max_length, end_id, jit_compile=jit_compile, **settings)
+        )
 
     alone = [continue_(row[None])[0] for row in rows]
     straight, reverse = np.arange(len(rows)), np.arange(len(rows))[::-1]

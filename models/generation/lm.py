@@ -262,8 +262,8 @@ def _stream(prefill, step, prompts, uniform, max_length, config):
             tokens = np.asarray(ops.convert_to_numpy(carry.tokens))
             if config.return_scores:
                 scores = np.asarray(ops.convert_to_numpy(carry.scores[:, index]))
-            if config.end_id is not None:
-                ended |= tokens == config.end_id
+            if config.end_id is not None or config.stop_sequences:
+                ended |= np.asarray(ops.convert_to_numpy(carry.finished))
         yield (tokens, scores) if config.return_scores else tokens
 
 
