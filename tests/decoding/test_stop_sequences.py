@@ -352,6 +352,7 @@ def test_min_new_tokens_in_beam_search_and_sampling(lm):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.jax_slow  # eager: each op compiled anew on JAX (a minute on 2 cores)
 def test_batch_invariance_holds_with_each_setting(lm):
     prompts = [[5, 6, 7], [8, 9], [4]]
     plain = generate(lm, np.array([[5, 6, 7], [8, 9, 0], [4, 0, 0]], "int32"), 5,
