@@ -381,3 +381,32 @@ def test_predict_takes_the_repetition_controls_and_max_length(language_model, tm
         assert status == 2 and named in err and received in err, err
     with pytest.raises(ValueError, match="max_length"):
         text_model.continue_ids(PROMPTS, max_length=MAX_LENGTH + 1)
+
+
+@pytest.mark.tensorflow_only
+def test_predict_takes_stop_strings_and_min_new_tokens(language_model, tmp_path, capsys):
+    """`--stop` (repeated) and `--min-new-tokens` are `predict_text`'s `stop` and
+    `min_new_tokens` (one-shot and streamed); a stop string the run's vocabulary cannot
+    spell, or a bad minimum, stops the command naming the flag and the value."""
+    from keras_attn.models import cli
+
+    text_model, _ = language_model
+    text_model.save(tmp_path / "transformer-lm.keras")
+    runs = ["--runs-dir", str(tmp_path)]
+    tokens = text_model.continue_ids(PROMPTS).tolist()
+    stop = [WORDS[tokens[1][2]], f"{WORDS[tokens[3][3]]} {WORDS[tokens[3][4]]}"]
+    expected = text_model.predict_text(PROMPTS[:3], stop=stop, min_new_tokens=2)
+    assert expected != text_model.predict_text(PROMPTS[:3])  # the settings act
+    flags = ["--stop", stop[0], "--stop", stop[1], "--min-new-tokens", "2"]
+    for stream in ([], ["--stream"]):
+        assert cli.main(["predict", "transformer-lm", *PROMPTS[:3], *flags, *stream, *runs]) == 0
+        assert capsys.readouterr().out.split("\n") == [*expected, ""], stream
+    for flags, named, received in [
+        (["--stop", "good zebra"], "--stop", "good zebra"),
+        (["--min-new-tokens", "-1"], "--min-new-tokens", "-1"),
+    ]:
+        status = cli.main(["predict", "transformer-lm", "a", *flags, *runs])
+        err = capsys.readouterr().err
+        assert status == 2 and named in err and received in err, err
+    with pytest.raises(ValueError, match=r"`stop` strings must be .*Received: stop string '\?'"):
+        text_model.predict_text(PROMPTS[:1], stop=["?"])  # "?": a word outside the vocabulary
