@@ -112,6 +112,13 @@ def generate(
             `"beam"`, the chosen sequence's per-token log-probabilities.
         stream: return an iterator of each step's tokens (not with `"beam"`).
         config: a `GenerationConfig` holding the settings (None: from the keywords).
+        stop_sequences: token-id sequences (e.g. `[[13, 9], [4]]`; keyword only): a row
+            ends after the first one its new tokens complete (kept, 0 after it, as at
+            `end_id`; one begun in the prompt does not count). Beam search finishes a
+            hypothesis that completes one.
+        min_new_tokens: 0 (off) or `m` (keyword only): `end_id`, and a token that would
+            complete a stop sequence, are ruled out while a row has fewer than `m` new
+            tokens (Hugging Face's `min_new_tokens`).
 
     Returns:
         int32 NumPy `(B, max_length)`: the new tokens; `(tokens, scores)` with

@@ -229,9 +229,9 @@ class TextLanguageModel(_TextModel):
 
         Example:
 
-        >>> text_model.predict_text(["the movie is"], stop=["."], min_new_tokens=3)
-        ... # doctest: +SKIP
-        ['a lot of fun .']
+        >>> run = text.load_run("transformer-lm")  # doctest: +SKIP
+        >>> run.predict_text(["the movie is"], stop=["of the"], min_new_tokens=6)  # doctest: +SKIP
+        ['a film of a film of the']
         """
         from ..generation import generate
 

@@ -265,18 +265,19 @@ def test_beam_search_ends_hypotheses_at_a_multi_token_stop_sequence(sevens):
 # ---------------------------------------------------------------------------
 
 
-def full_logits(model, prompts, tokens):
+def full_logits(model, prompts, tokens, padding=0):
     """The full model's next-token logits `(B, V)` after each prompt's real tokens and
-    `tokens` `(B, t)` (right-padded into one batch)."""
+    `tokens` `(B, t)` (right-padded with `padding` into one batch)."""
     pairs = zip(prompts, tokens, strict=True)
-    rows = [[int(t) for t in p if t] + [int(t) for t in y] for p, y in pairs]
-    batch = np.array([row + [0] * (LENGTH - len(row)) for row in rows], "int32")
+    rows = [[int(t) for t in p if t != padding] + [int(t) for t in y] for p, y in pairs]
+    batch = np.array([row + [padding] * (LENGTH - len(row)) for row in rows], "int32")
     logits = np_(model(batch))
     return np.stack([logits[b, len(row) - 1] for b, row in enumerate(rows)]).astype("float32")
 
 
-def reference_greedy(model, prompts, new, end_id=None, minimum=0, stops=()):
-    """Greedy decoding in NumPy on the full model: padding ruled out, Hugging Face's
+def reference_greedy(model, prompts, new, end_id=None, minimum=0, stops=(), padding=0):
+    """Greedy decoding in NumPy on the full model: padding ruled out (`padding=-1`: every
+    id a token, none ruled out), Hugging Face's
     `MinNewTokensLengthLogitsProcessor` on `end_id`, the tokens completing a stop sequence
     among the new tokens ruled out under `minimum`; rows end at `end_id` or a stop."""
     torch = pytest.importorskip("torch")
@@ -287,8 +288,9 @@ def reference_greedy(model, prompts, new, end_id=None, minimum=0, stops=()):
     tokens = np.zeros((batch, 0), "int32")
     ended = np.zeros(batch, bool)
     for index in range(new):
-        logits = full_logits(model, prompts, tokens)
-        logits[:, 0] = -np.inf
+        logits = full_logits(model, prompts, tokens, padding)
+        if padding == 0:
+            logits[:, 0] = -np.inf
         if end_id is not None:  # HF's input_ids: any prompt of width P, then the new tokens
             hf = MinNewTokensLengthLogitsProcessor(4, minimum, end_id)
             input_ids = torch.zeros((batch, 4 + index), dtype=torch.long)
@@ -336,6 +338,25 @@ def test_min_new_tokens_rules_out_completing_a_stop_sequence(sevens, jit):
         np.testing.assert_array_equal(tokens, expected)
         ends = [first_stop(row, stops) for row in tokens]
         assert all(end is not None and end > minimum for end in ends), tokens
+
+
+def test_token_0_is_a_token_of_a_padding_id_minus_1_model():
+    """Every id a token (`padding_id=-1`, an imported model's): a stop sequence of 0s is
+    matched by position among the new tokens, never by a 0's value; rigged to repeat 0."""
+    keras.utils.set_random_seed(4)
+    model = transformer_lm(VOCAB, num_layers=1, num_heads=2, d_model=16, intermediate_dim=32,
+                           sequence_length=LENGTH, padding_id=-1)  # fmt: skip
+    favour_token(model, 0, margin=4.0)
+    prompts = np.where(PROMPTS == 0, -1, PROMPTS)
+    assert (generate(model, prompts, NEW, jit_compile=False) == 0).all()
+    stops = ((0, 0),)
+    tokens = generate(model, prompts, NEW, stop_sequences=stops, min_new_tokens=3,
+                      jit_compile=False)  # fmt: skip
+    expected = reference_greedy(model, prompts, NEW, None, 3, stops, padding=-1)
+    np.testing.assert_array_equal(tokens, expected)
+    # 0, then not 0 (0 0 ruled out under 3 new tokens), 0, then 0 0 completes: the end
+    assert (tokens[:, 0] == 0).all() and (tokens[:, 1] != 0).all(), tokens
+    assert [first_stop(row, stops) for row in tokens] == [4, 4, 4], tokens
 
 
 def test_min_new_tokens_in_beam_search_and_sampling(lm):
