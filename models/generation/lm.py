@@ -131,6 +131,13 @@ def generate(
             `B * top_k` candidates a step, and needs one position past the last output (a
             learned-position model: `P + max_length` at most its `sequence_length`). It
             streams.
+        stop_sequences: token-id sequences (e.g. `[[13, 9], [4]]`; keyword only): a row
+            ends after the first one its new tokens complete (kept, 0 after it, as at
+            `end_id`; one begun in the prompt does not count). Beam search finishes a
+            hypothesis that completes one.
+        min_new_tokens: 0 (off) or `m` (keyword only): `end_id`, and a token that would
+            complete a stop sequence, are ruled out while a row has fewer than `m` new
+            tokens (Hugging Face's `min_new_tokens`).
 
     Returns:
         int32 NumPy `(B, max_length)`: the new tokens (`(B * n, max_length)` with
@@ -287,8 +294,8 @@ def _stream(model, prefill, step, prompts, uniform, max_length, config):
             tokens = np.asarray(ops.convert_to_numpy(carry.tokens))
             if config.return_scores:
                 scores = np.asarray(ops.convert_to_numpy(carry.scores[:, index]))
-            if config.end_id is not None:
-                ended |= tokens == config.end_id
+            if config.end_id is not None or config.stop_sequences:
+                ended |= np.asarray(ops.convert_to_numpy(carry.finished))
         yield (tokens, scores) if config.return_scores else tokens
 
 

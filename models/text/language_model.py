@@ -20,8 +20,10 @@ from .base import (
     _TextModel,
     _unfamiliar,
     _vocabulary_file,
+    checked_stop_ids,
     normalize_spaces,
     split_words,
+    stop_sequences_of,
 )
 
 # After `normalize_spaces`: a character that is no letter, digit, combining mark (Unicode's
@@ -48,6 +50,12 @@ def _suppress_by_default(generation, suppress_ids):
     config = generation.get("config")
     if "suppress_ids" not in generation and not (config and config.suppress_ids):
         generation["suppress_ids"] = suppress_ids
+
+
+def split_prompt_words(text):
+    """Strings `(B,)` -> their words `(B, None)` as a prompt's are split (`split_punctuation`,
+    then spaces), ragged (TensorFlow)."""
+    return split_words(split_punctuation(text))
 
 
 @_REGISTER
@@ -145,7 +153,7 @@ class TextLanguageModel(_TextModel):
         import tensorflow as tf
 
         text = _strings(text)
-        pieces = split_words(split_punctuation(text))  # (B, None) ragged
+        pieces = split_prompt_words(text)  # (B, None) ragged
         if words is not None:
             pieces = pieces[:, -words:]
         batch = tf.shape(text, out_type=tf.int64)[:1]
@@ -190,6 +198,16 @@ class TextLanguageModel(_TextModel):
             )
         return int(max_length)
 
+    def _stop(self, generation):
+        """`generation`'s `stop` strings (popped) spelled with the vocabulary, added to its
+        `stop_sequences` (`ValueError` naming a string it cannot spell)."""
+        if "stop" not in generation:
+            return
+        stops = stop_sequences_of(generation.pop("stop"), split_prompt_words, self.lookup)
+        config = generation.get("config")
+        given = generation.get("stop_sequences", config.stop_sequences if config else ())
+        generation["stop_sequences"] = tuple(map(tuple, given)) + stops
+
     def continue_ids(self, text, max_length: int | None = None, **generation) -> np.ndarray:
         """The new tokens after each prompt: int32 `(B, max_length)`, 0 after the end token.
 
@@ -200,11 +218,24 @@ class TextLanguageModel(_TextModel):
             **generation: `config` (a `GenerationConfig`) or its keywords, `sampler`
                 (`"greedy"`, `"sample"`, `"beam"`), `temperature`, `top_k`, `top_p`, `seed`,
                 `repetition_penalty`, `no_repeat_ngram_size`, `suppress_ids` (here the ids of
-                `suppress_tokens` unless given) ..., and `jit_compile` (here False unless
-                given), of `keras_attn.models.generate`.
+                `suppress_tokens` unless given), `min_new_tokens`, `stop_sequences` ..., and
+                `jit_compile` (here False unless given), of `keras_attn.models.generate`;
+                and `stop`: stop strings (a list of str), each split and looked up as a
+                prompt's words into a stop sequence (the row ends after it, its words kept).
+
+        Raises:
+            ValueError: a `stop` string the vocabulary cannot spell (a word outside it, or
+                no word), or a bad setting, naming it.
+
+        Example:
+
+        >>> run = text.load_run("transformer-lm")  # doctest: +SKIP
+        >>> run.predict_text(["the movie is"], stop=["of the"], min_new_tokens=6)  # doctest: +SKIP
+        ['a film of a film of the']
         """
         from ..generation import generate
 
+        self._stop(generation)
         max_length = self._length(max_length)
         prompts = np.asarray(self.prompt_ids(text))
         if not len(prompts):  # no prompts, no continuations
@@ -253,6 +284,7 @@ class TextLanguageModel(_TextModel):
         """
         from ..generation import generate
 
+        self._stop(generation)
         max_length = self._length(max_length)
         prompts = np.asarray(self.prompt_ids(text))
         if not len(prompts):  # no prompts, no words
@@ -265,7 +297,8 @@ class TextLanguageModel(_TextModel):
             self.language_model, prompts, max_length, end_id, stream=True, **generation
         )
         for tokens in steps:
-            ended = (tokens == end_id) | (False if ended is None else ended)
+            ended = (tokens == end_id) | (tokens == 0) | (False if ended is None else ended)
+            # (0: ended at a stop sequence)
             yield ["" if t == end_id else vocabulary[t] for t in tokens.tolist()]  # 0: ""
             if ended.all():
                 return
@@ -286,12 +319,15 @@ class TextLanguageModel(_TextModel):
         - `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`, greedy;
         - `generate`: `text` `(B,)` and scalars `max_length` int32 (at most the model's
           `max_length`), `temperature` float32 (0 = greedy), `top_k` int32 (0 = off), `top_p`
-          float32 (1 = off), `seed` int32, `repetition_penalty` float32 (1 = off) ->
-          `{"text": (B,), "tokens": (B, max_length) int32, "scores": (B, max_length)
+          float32 (1 = off), `seed` int32, `repetition_penalty` float32 (1 = off),
+          `stop_sequences` tf.string `(N,)` (stop strings, any number, `N = 0`: none; each
+          spelled with the vocabulary as a prompt's words), `min_new_tokens` int32 (0 =
+          off) -> `{"text": (B,), "tokens": (B, max_length) int32, "scores": (B, max_length)
           float32}` (each token's log-probability under the model, 0 after the end): for
           the same settings and seed, the tokens of Python's `continue_ids` /
           `keras_attn.models.generate` on TensorFlow (`sampler="sample"`, or `"greedy"` for
-          temperature 0). A bad setting fails a `tf.debugging` assert naming it;
+          temperature 0; `stop=` the strings). A bad setting, or a stop string the
+          vocabulary cannot spell, fails a `tf.debugging` assert naming it;
         - `prefill`: prompt ids `tokens` `(B, P)` int64 (0 = padding, either side) ->
           `logits` `(B, V)` of the first new token (padding and `suppress_tokens` at
           `-inf`), the KV cache: `keys` and `values` `(B, L, S, g, d)` (every block's, in
@@ -385,6 +421,9 @@ class TextLanguageModel(_TextModel):
             @tf.function(input_signature=generation_specs(), autograph=False)
             def generate(text, *settings):
                 settings = dict(zip(GenerationConfig.exported(), settings, strict=True))
+                settings["stop_sequences"] = checked_stop_ids(
+                    settings["stop_sequences"], split_prompt_words, lookup
+                )
                 decoded = sampled_generation(
                     LanguageModelSteps(model, kv_cache_dtype=kv_cache_dtype),
                     self.prompt_ids(text, lookup), config,
