@@ -343,6 +343,8 @@ def test_an_int8_export_streams_and_generates_pythons_int8_tokens(tmp_path):
     dtypes = dict(max_length=tf.int32, top_k=tf.int32, seed=tf.int32)
     out = loaded.signatures["generate"](
         text=tf.constant(["the movie is", "a good", "bad"]),
+        stop_sequences=tf.constant([], tf.string),
+        min_new_tokens=tf.constant(0),
         **{k: tf.constant(v, dtypes.get(k, tf.float32)) for k, v in settings.items()},
     )
     ended = generate(model, prompts, 6, 3, kv_cache_dtype="int8", suppress_ids=(1,),
