@@ -119,6 +119,10 @@ RULES = {
     "length_penalty": Rule("number", "a finite number", lambda x, finite: finite(x)),
     "return_scores": Rule("flag", "True or False"),
     "return_alignment": Rule("flag", "True or False"),
+    "num_speculative_tokens": Rule(
+        "int", "None or a positive integer (a draft model's tokens per round)",
+        lambda x, finite: x >= 1, optional=True,
+    ),
 }  # fmt: skip
 
 
@@ -145,6 +149,8 @@ class GenerationConfig:
         beam_width, length_penalty: of `"beam"`.
         return_scores, return_alignment: also return the tokens' log-probabilities, the
             steps' alignment over the source.
+        num_speculative_tokens: of speculative decoding (`generate(..., draft_model=)`):
+            the tokens the draft proposes per round (None: 4).
 
     Example:
 
@@ -168,6 +174,7 @@ class GenerationConfig:
     length_penalty: float = 0.6
     return_scores: bool = False
     return_alignment: bool = False
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

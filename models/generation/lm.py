@@ -17,6 +17,7 @@ from .compiled import _small, compiled_loop
 from .config import GenerationConfig, check_setting, config_from
 from .loop import DecodingLoop
 from .samplers import token_chooser
+from .speculative import speculative_generate
 
 _POSITIONAL = (
     "end_id", "sampler", "temperature", "top_k", "top_p", "seed", "beam_width",
@@ -143,8 +144,10 @@ def generate(
     True
     """
     config, other = config_from(
-        config, _POSITIONAL, args, settings, "generate", ("jit_compile", "stream")
-    )
+        config, _POSITIONAL, args, settings, "generate",
+        ("jit_compile", "stream", "draft_model", "return_acceptance"),
+    )  # fmt: skip
+    draft_model = other.get("draft_model")
     jit_compile, stream = other.get("jit_compile", "auto"), other.get("stream", False)
     if not isinstance(jit_compile, bool) and not (
         isinstance(jit_compile, str) and jit_compile == "auto"
@@ -179,6 +182,26 @@ def generate(
             "`stream=True` streams greedy and sampled generation; beam search only knows its "
             "tokens at the end. Received: stream=True, sampler='beam'"
         )
+    if draft_model is None and other.get("return_acceptance"):
+        raise ValueError(
+            "`return_acceptance` reports speculative decoding's acceptance: it needs a "
+            "`draft_model`. Received: return_acceptance=True, draft_model=None"
+        )
+    if draft_model is not None or config.num_speculative_tokens is not None:
+        if draft_model is None:
+            raise ValueError(
+                "`num_speculative_tokens` is the draft's tokens per round: it needs a "
+                f"`draft_model`. Received: num_speculative_tokens={config.num_speculative_tokens}"
+                ", draft_model=None"
+            )
+        if stream:
+            raise ValueError(
+                "`stream=True` is not implemented with a `draft_model`. Received: stream=True"
+            )
+        return speculative_generate(
+            model, draft_model, prompts, max_length, config, jit_compile,
+            bool(other.get("return_acceptance", False)),
+        )  # fmt: skip
     if config.sampler == "beam":
         tokens, _, *scores = beam_search(
             model, prompts, max_length, config=config, jit_compile=bool(jit_compile)
