@@ -194,13 +194,9 @@ def generate(
                 f"`draft_model`. Received: num_speculative_tokens={config.num_speculative_tokens}"
                 ", draft_model=None"
             )
-        if stream:
-            raise ValueError(
-                "`stream=True` is not implemented with a `draft_model`. Received: stream=True"
-            )
         return speculative_generate(
             model, draft_model, prompts, max_length, config, jit_compile,
-            bool(other.get("return_acceptance", False)),
+            bool(other.get("return_acceptance", False)), stream,
         )  # fmt: skip
     if config.sampler == "beam":
         tokens, _, *scores = beam_search(

@@ -347,6 +347,7 @@ def speculative_generate(
     config: GenerationConfig,
     jit_compile: bool | str = "auto",
     return_acceptance: bool = False,
+    stream: bool = False,
 ) -> Any:
     """`generate(target, prompts, max_length, draft_model=...)`: the speculative loop,
     compiled on TensorFlow (XLA) and JAX unless `jit_compile=False`; torch runs eagerly.
@@ -354,7 +355,9 @@ def speculative_generate(
 
     Returns:
         The tokens `(B, max_length)` as `generate`'s (with `return_scores`, `(tokens,
-        scores)`), and with `return_acceptance` a `SpeculativeStats` after them.
+        scores)`), and with `return_acceptance` a `SpeculativeStats` after them; with
+        `stream`, `generate`'s iterator of each step's `(B,)` tokens (a round compiled
+        apart: its tokens come together, as soon as it has run).
     """
     draft_steps = check_draft_model(target, draft_model, config)
     k = config.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
@@ -362,29 +365,47 @@ def speculative_generate(
     for steps in (target_steps, draft_steps):  # the last round may propose k tokens past the end
         check_prompts(prompts, steps.vocab_size, max_length + k, steps.sequence_length,
                       steps.padding_id)  # fmt: skip
+    if stream and return_acceptance:
+        raise ValueError(
+            "`return_acceptance` reports on a whole call: not with `stream=True`. Received: "
+            "return_acceptance=True, stream=True"
+        )
     batch = prompts.shape[0]
     if batch == 0:
         tokens, scores = np.zeros((0, max_length), "int32"), np.zeros((0, max_length), "float32")
+        if stream:
+            return iter([(tokens[:, 0], scores[:, 0]) if config.return_scores else tokens[:, 0]]
+                        * max_length)  # fmt: skip
         outputs = (tokens, scores) if config.return_scores else (tokens,)
         stats = SpeculativeStats(0.0, 0.0, 0)
     else:
         uniform = keras.random.uniform((max_length, batch, 2 * k + 1), seed=config.seed)
         refs = weakref.ref(target), weakref.ref(draft_model)
 
-        def run(prompts, uniform):
-            models = [ref() for ref in refs]
-            loop = SpeculativeLoop(
-                LanguageModelSteps(models[0], ring=False),
-                LanguageModelSteps(models[1], ring=False),
-                config,
-                max_length,
-            )
-            layers = [layer for model in models for layer in model._flatten_layers()]
-            with loop_kernels(layers):  # TensorFlow under XLA: the kernels read once
-                return loop.run(prompts, uniform)
+        def speculative_loop():  # traced inside the compiled functions: no model held
+            target, draft = (LanguageModelSteps(ref(), ring=False) for ref in refs)
+            return SpeculativeLoop(target, draft, config, max_length)
 
-        if jit_compile and keras.backend.backend() != "torch":
-            run = _compiled_loop(target, draft_model, (config.compile_key, max_length), run)
+        def run(prompts, uniform):
+            layers = [layer for ref in refs for layer in ref()._flatten_layers()]
+            with loop_kernels(layers):  # TensorFlow under XLA: the kernels read once
+                return speculative_loop().run(prompts, uniform)
+
+        def start(prompts):
+            return speculative_loop().start(prompts)
+
+        def one_round(carry, uniform):
+            return speculative_loop().round(carry, uniform)
+
+        compiled = jit_compile and keras.backend.backend() != "torch"
+        key = (config.compile_key, max_length)
+        if stream:
+            if compiled:
+                start = _compiled_loop(target, draft_model, key + ("start",), start)
+                one_round = _compiled_loop(target, draft_model, key + ("round",), one_round)
+            return _stream(start, one_round, prompts, uniform, max_length, config)
+        if compiled:
+            run = _compiled_loop(target, draft_model, key, run)
         with no_gradients():
             *outputs, stats = (np.asarray(ops.convert_to_numpy(v)) for v in run(prompts, uniform))
         accepted, proposed, rounds, count = stats.tolist()
@@ -396,6 +417,35 @@ def speculative_generate(
     if not return_acceptance:
         return outputs
     return (*outputs, stats) if config.return_scores else (outputs, stats)
+
+
+def _stream(start, one_round, prompts, uniform, max_length, config):
+    """The iterator of `generate(..., draft_model=, stream=True)`: each new token's `(B,)`
+    tokens (and scores), a round's tokens as soon as it has run; the same rounds and draws
+    as the one-shot loop. Once every row has ended, zeros without running the models."""
+    with no_gradients():  # per call: a generator must not hold it across its yields
+        carry = start(prompts)
+    ended = np.zeros(prompts.shape[0], bool)
+    emitted = rounds = 0
+    while emitted < max_length:
+        if ended.all():
+            tokens, scores = np.zeros(len(ended), "int32"), np.zeros(len(ended), "float32")
+            emitted += 1
+            yield (tokens, scores) if config.return_scores else tokens
+            continue
+        with no_gradients():
+            carry = one_round(carry, ops.take(uniform, rounds, axis=0))
+        rounds += 1
+        count = min(int(ops.convert_to_numpy(carry.count)), max_length)
+        outputs = np.asarray(ops.convert_to_numpy(carry.outputs))
+        if config.return_scores:
+            all_scores = np.asarray(ops.convert_to_numpy(carry.scores))
+        for index in range(emitted, count):
+            tokens = outputs[:, index]
+            if config.end_id is not None:
+                ended |= tokens == config.end_id
+            yield (tokens, all_scores[:, index]) if config.return_scores else tokens
+        emitted = count
 
 
 def _compiled_loop(target, draft, key, loop):

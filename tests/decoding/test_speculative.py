@@ -185,5 +185,19 @@ def test_bad_arguments(models):
         generate(target, PROMPTS, 4, num_speculative_tokens=2)
     with pytest.raises(ValueError, match="return_acceptance=True, draft_model=None"):
         generate(target, PROMPTS, 4, return_acceptance=True)
-    with pytest.raises(ValueError, match="stream=True"):
-        generate(target, PROMPTS, 4, draft_model=shared, stream=True)
+    with pytest.raises(ValueError, match="return_acceptance=True, stream=True"):
+        generate(target, PROMPTS, 4, draft_model=shared, stream=True, return_acceptance=True)
+
+
+@pytest.mark.parametrize("settings", [dict(end_id=None), dict(sampler="sample", seed=3, top_k=8)])
+def test_streamed_is_the_one_shot(models, settings):
+    """The stream runs the same rounds with the same draws: the same tokens and scores."""
+    target, shared, _ = models
+    end_id = int(generate(target, PROMPTS, 10)[0, 4])  # row 0 ends, the others go on
+    settings = dict(settings, end_id=end_id, return_scores=True, draft_model=shared,
+                    num_speculative_tokens=3, jit_compile=False)  # fmt: skip
+    tokens, scores = generate(target, PROMPTS, 10, **settings)
+    steps = list(generate(target, PROMPTS, 10, stream=True, **settings))
+    assert len(steps) == 10
+    np.testing.assert_array_equal(np.stack([t for t, _ in steps], axis=1), tokens)
+    np.testing.assert_allclose(np.stack([s for _, s in steps], axis=1), scores, atol=1e-6)
