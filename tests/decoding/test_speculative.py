@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from keras_attn._execution import no_gradients
 from keras_attn.models import generate, transformer_lm
 from keras_attn.models.generation.speculative import SpeculativeStats, sampling_probabilities
 from keras_attn.models.transformer_lm import LanguageModelSteps
@@ -47,7 +48,11 @@ def test_extend_equals_steps_after_a_roll_back(position):
     """`extend` (k tokens at once) gives the logits of k single steps, also from a state
     rolled back over rejected keys (left in the cache, overwritten)."""
     model = lm(30, 2, 16, 0, position=position)
-    steps = LanguageModelSteps(model, ring=False)
+    with no_gradients():  # torch: tensors NumPy can read
+        check_extend(LanguageModelSteps(model, ring=False))
+
+
+def check_extend(steps):
     state = steps.start(PROMPTS, 8)
     fed = np.concatenate([np.asarray(ops.convert_to_numpy(steps.start_tokens(PROMPTS)))[:, None],
                           [[11, 12, 13], [14, 15, 16], [17, 18, 19]]], axis=1)  # fmt: skip
@@ -149,9 +154,10 @@ def test_sampled_tokens_are_distributed_as_the_targets(draft_is_target):
         assert stats.acceptance_rate == 1.0
 
     def joint(model):
-        first = numpy_distribution(model(prompt)[0, -1], temperature, top_k)  # (V,)
+        first = numpy_distribution(ops.convert_to_numpy(model(prompt))[0, -1], temperature, top_k)
         nexts = np.concatenate([prompt.repeat(vocab, 0), np.arange(vocab)[:, None]], 1)
-        second = numpy_distribution(model(nexts)[:, -1], temperature, top_k)  # (V, V)
+        second = ops.convert_to_numpy(model(nexts))[:, -1]  # (V, V): after each first token
+        second = numpy_distribution(second, temperature, top_k)
         return first[:, None] * second
 
     counts = np.zeros((vocab, vocab))
