@@ -109,6 +109,15 @@ def gpt2_small(quick):
     return compare(target, drafts, prompts, new, K, 3 if quick else 5)
 
 
+def smoke():
+    """The rows on tiny models (the benchmark's test): a random draft, the target itself."""
+    keras.utils.set_random_seed(0)
+    target = transformer_lm(100, num_layers=2, d_model=16, intermediate_dim=32, dropout=0.0)
+    draft = transformer_lm(100, num_layers=1, d_model=8, intermediate_dim=16, dropout=0.0)
+    prompts = np.random.default_rng(0).integers(1, 100, (1, 8)).astype("int32")
+    return compare(target, {"small": draft, "the target": target}, prompts, 8, 2, 2)
+
+
 def trained(target_path, draft_path, quick):
     target_text = keras.saving.load_model(target_path, safe_mode=True)
     draft_text = keras.saving.load_model(draft_path, safe_mode=True)
@@ -133,12 +142,15 @@ def main(argv=None):
     parser.add_argument("--trained", nargs=2, metavar=("TARGET", "DRAFT"),
                         help="two `keras-attn train transformer-lm` runs (.keras)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="3 repeats, half the tokens")
+    parser.add_argument("--smoke", action="store_true", help="tiny models, 2 repeats")
     parser.add_argument("--json", help="write the rows to this file")
     args = parser.parse_args(argv)
     print(f"backend {keras.backend.backend()}, load average before {loadavg()}")
     print("| draft (weights) | k | plain tok/s | speculative tok/s | speed-up | acceptance "
           "| tokens/round | same tokens |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
     rows = []
+    if args.smoke:
+        rows += smoke()
     if args.gpt2_small:
         rows += gpt2_small(args.quick)
     if args.trained:
@@ -147,6 +159,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"backend": keras.backend.backend(), "rows": rows}, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":

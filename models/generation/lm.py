@@ -113,10 +113,18 @@ def generate(
             `"beam"`, the chosen sequence's per-token log-probabilities.
         stream: return an iterator of each step's tokens (not with `"beam"`).
         config: a `GenerationConfig` holding the settings (None: from the keywords).
+        draft_model: a smaller `transformer_lm` of the same vocabulary: speculative decoding
+            (`keras_attn.models.generation.speculative`: the draft proposes
+            `num_speculative_tokens` tokens (a config field; None: 4), the target verifies
+            them in one step; greedy gives the target's own tokens, sampling its
+            distribution exactly). Greedy and `"sample"` only.
+        return_acceptance: with `draft_model`, also return a `SpeculativeStats` (the
+            draft's acceptance rate, the new tokens per target step) after the outputs.
 
     Returns:
         int32 NumPy `(B, max_length)`: the new tokens; `(tokens, scores)` with
-        `return_scores`; an iterator with `stream`. An empty batch gives empty results.
+        `return_scores`; an iterator with `stream`; the `SpeculativeStats` last with
+        `return_acceptance`. An empty batch gives empty results.
 
     Raises:
         ValueError: a prompt row without a real token, a token id outside
