@@ -278,8 +278,9 @@ class SpeculativeLoop:
         )
 
     def run(self, prompts: TensorLike, uniform: TensorLike) -> tuple:
-        """Every round: `(tokens (B, max_length), [scores,] stats (3,))`, the stats being the
-        accepted and proposed counts and the rounds."""
+        """Every round: `(tokens (B, max_length), [scores,] stats (4,))`, the stats float32:
+        the proposals accepted and made, the rounds, the new tokens of a row (at most
+        `max_length`)."""
 
         def going(carry):
             return ops.logical_and(
