@@ -3,6 +3,7 @@
     KERAS_BACKEND=tensorflow python -m benchmarks.speculative --gpt2-small [--quick]
     KERAS_BACKEND=jax JAX_PLATFORMS=cpu python -m benchmarks.speculative --gpt2-small [--quick]
     python -m benchmarks.speculative --trained TARGET.keras DRAFT.keras
+    python -m benchmarks.speculative --train-draft RUNS_DIR --draft-width 16 --data-dir DIR
 
 Greedy decoding, `keras_attn.models.generate(target, prompts, new)` against
 `generate(target, prompts, new, draft_model=draft, num_speculative_tokens=k)`, both
@@ -24,7 +25,9 @@ should be, shown because it agrees with the target where a random draft cannot).
 
 `--trained TARGET DRAFT`: two `TextLanguageModel` runs of `keras-attn train transformer-lm`
 (the same data and vocabulary), the recipe's prompts continued (its `max_length`, its
-`end_id` and `suppress_ids`), batch 1 each prompt.
+`end_id` and `suppress_ids`), batch 1 each prompt. `--train-draft RUNS_DIR` makes a draft:
+the recipe (`keras-attn train transformer-lm --no-baseline`) with one block of
+`--draft-width` (`d_model`; 2 heads, feed-forward 4x), into `RUNS_DIR/transformer-lm.keras`.
 """
 
 import argparse
@@ -136,6 +139,18 @@ def trained(target_path, draft_path, quick):
     return rows
 
 
+def train_draft(runs_dir, width, data_dir=None):
+    """The `transformer-lm` recipe with a one-block model of `d_model=width`."""
+    from keras_attn.models import cli
+    from keras_attn.models.recipes import language_model
+
+    language_model.TRANSFORMER = dict(
+        num_layers=1, num_heads=2, d_model=width, intermediate_dim=4 * width
+    )
+    data = ["--data-dir", data_dir] if data_dir else []
+    return cli.main(["train", "transformer-lm", "--no-baseline", "--output", runs_dir, *data])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gpt2-small", action="store_true", help="random GPT-2-small target")
@@ -144,7 +159,12 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="3 repeats, half the tokens")
     parser.add_argument("--smoke", action="store_true", help="tiny models, 2 repeats")
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--train-draft", metavar="RUNS_DIR", help="train a draft (see above)")
+    parser.add_argument("--draft-width", type=int, default=16, help="the draft's d_model")
+    parser.add_argument("--data-dir", help="--train-draft: the recipe's --data-dir")
     args = parser.parse_args(argv)
+    if args.train_draft:
+        return train_draft(args.train_draft, args.draft_width, args.data_dir)
     print(f"backend {keras.backend.backend()}, load average before {loadavg()}")
     print("| draft (weights) | k | plain tok/s | speculative tok/s | speed-up | acceptance "
           "| tokens/round | same tokens |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
