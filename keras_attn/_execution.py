@@ -18,6 +18,7 @@ import threading
 import keras
 import numpy as np
 from keras import ops
+from keras.src.backend.common import global_state
 from keras.src.backend.common.masking import get_keras_mask
 
 _INFERENCE = threading.local()  # `depth`: how many `no_gradients()` contexts are open
@@ -113,7 +114,7 @@ def records_gradients(*tensors) -> bool:
 
 
 @contextlib.contextmanager
-def no_gradients():
+def no_gradients(*layers):
     """A context for code that nothing will differentiate: the zoo's decoding loops.
 
     Inside it `records_gradients` is `False`, so the kernels build no custom gradient,
@@ -124,13 +125,20 @@ def no_gradients():
     gradients, kept each call's recorded steps alive after it returned (a
     GPT-2-small-sized model at batch 8: about 1.4 GB more each call). A generator must
     enter it per step, not across its yields (the flag is per thread).
+
+    On torch, the `layers` given (the model a loop decodes) and every layer inside them
+    call plainly while it is open (`plain_calls`): the decision is made here, once per
+    loop, for the layers the loop runs, and their callers write `layer(x)`.
+
+    Args:
+        *layers: the layers or models the code inside runs (torch: see `plain_calls`).
     """
     _INFERENCE.depth = getattr(_INFERENCE, "depth", 0) + 1
     try:
         if keras.backend.backend() == "torch":
             import torch
 
-            with torch.no_grad():
+            with torch.no_grad(), plain_calls(*layers):
                 yield
         else:
             yield
@@ -160,38 +168,100 @@ def xla_traced() -> bool:
 
 def adapts_arguments_only(method):
     """Marks a layer's `__call__` override that only adapts its arguments for Keras'
-    `__call__` (and then calls it): `call_layer` may still go straight to `call`."""
+    `__call__` (and then calls it): `plain_calls` may still go straight to `call`."""
     method.adapts_arguments_only = True
     return method
 
 
-def call_layer(layer, *args, **kwargs):
-    """`layer(*args, **kwargs)`, or on torch inside `no_gradients()` the same through `call`.
+# The layers `plain_calls` holds: id -> [layer, its own class, how many contexts hold it].
+_PLAIN: dict[int, list] = {}
+_PLAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def plain_calls(*layers):
+    """On torch, while it is open, the layers' calls in `no_gradients()` skip Keras' `__call__`
+    where it would only call `call`.
 
     Eager torch runs Keras' `Layer.__call__` in Python on every call: input
     conversion, a call signature bound, the training flag and masks looked up,
     name and autocast scopes, the module's hooks; 120-220 us a call against
     the 50-60 us of a small `Dense` or `LayerNormalization`'s `call` (measured,
     2 cores). A GPT-2-small-sized decoding step calls 147 layers: a quarter to a
-    third of its time. Inside `no_gradients()` (the decoders' loops), on torch, this
-    calls `layer.call` (`quantized_call` for a quantized layer, as Keras does)
-    when Keras' `__call__` would do nothing more than that and the output mask
-    (`_set_mask_metadata`, Keras' own, is called as `__call__` calls it): the
-    layer is built; it does not autocast (its compute and variable dtypes
+    third of its time. `no_gradients(model)` (the decoders' loops) opens this for
+    the model it decodes: each layer in `layers` (and in them, recursively; a
+    `keras.Model` itself excepted) whose `__call__` is Keras' own or only adapts
+    arguments (`adapts_arguments_only`) gets, for the context's duration, a
+    subclass of its class whose `__call__` calls `layer.call` (`quantized_call`
+    for a quantized layer, as Keras does) in a thread inside `no_gradients()`,
+    when Keras' `__call__` would do nothing more than that and set the output
+    mask (`_set_mask_metadata`, Keras' own, is called as `__call__` calls it):
+    the layer is built; it does not autocast (its compute and variable dtypes
     agree, no autocast scope is open) and no argument needs converting (every
     float tensor is already in the layer's input dtype; no NumPy array); no
     Keras mask needs passing to `call` (only the first argument carries one,
     and `call` has no `mask` or `<first argument>_mask` left to fill), nor is
     dropped with a warning (the layer supports masking, if a mask is given);
-    no `training=True`;
-    no rematerialization, activity regularizer, distribution or torch hook;
-    and the layer's `__call__` is Keras' own or only adapts arguments
-    (`adapts_arguments_only`). Anything else, and on TensorFlow and JAX
-    (whose decoding steps are traced: `__call__` costs at trace time only):
-    `layer(*args, **kwargs)`.
+    no `training=True`, nor a call-context argument `call` does not take, and no
+    outer Keras `__call__` running (its call context would reach the layer); no
+    rematerialization, activity regularizer,
+    distribution or torch hook (`_calls_plainly`, per call). Anything else,
+    another thread, and after the context: Keras' `__call__`. Each layer gets
+    its own class back when the last context holding it closes. On TensorFlow
+    and JAX (whose decoding steps are traced: `__call__` costs at trace time
+    only) it does nothing.
     """
+    if keras.backend.backend() != "torch" or not layers:
+        yield
+        return
+    held = []
+    with _PLAIN_LOCK:
+        for layer in _inner_layers(layers):
+            entry = _PLAIN.get(id(layer))
+            if entry is None:
+                if not _may_call_plainly(type(layer)):
+                    continue
+                entry = _PLAIN[id(layer)] = [layer, type(layer), 0]
+                object.__setattr__(layer, "__class__", _plain_class(type(layer)))
+            entry[2] += 1
+            held.append(entry)
+    try:
+        yield
+    finally:
+        with _PLAIN_LOCK:
+            for entry in held:
+                entry[2] -= 1
+                if not entry[2]:
+                    layer, own_class, _ = _PLAIN.pop(id(entry[0]))
+                    object.__setattr__(layer, "__class__", own_class)
+
+
+def _inner_layers(layers):
+    """Each distinct layer in `layers` and inside them (models excepted, their layers not)."""
+    seen = set()
+    for outer in layers:
+        for layer in outer._flatten_layers(include_self=True, recursive=True):
+            if id(layer) not in seen and not isinstance(layer, keras.Model):
+                seen.add(id(layer))
+                yield layer
+
+
+def _may_call_plainly(cls) -> bool:
+    """Whether `cls.__call__` is Keras' own or only adapts its arguments."""
+    call = cls.__call__
+    return call is keras.layers.Layer.__call__ or hasattr(call, "adapts_arguments_only")
+
+
+@functools.cache
+def _plain_class(cls):
+    """`cls` with the `__call__` of `plain_calls` (its name, module and methods kept)."""
+    namespace = {"__call__": _plain_call, "__module__": cls.__module__}
+    return type(cls.__name__, (cls,), {**namespace, "__qualname__": cls.__qualname__})
+
+
+def _plain_call(layer, *args, **kwargs):
     if not (getattr(_INFERENCE, "depth", 0) and _calls_plainly(layer, args, kwargs)):
-        return layer(*args, **kwargs)
+        return super(type(layer), layer).__call__(*args, **kwargs)
     if getattr(layer, "quantization_mode", None) is not None:
         outputs = layer.quantized_call(*args, **kwargs)
     else:
@@ -204,12 +274,15 @@ def call_layer(layer, *args, **kwargs):
 
 
 def _calls_plainly(layer, args, kwargs) -> bool:
-    """Whether Keras' `layer.__call__(*args, **kwargs)` would only call `layer.call` (torch)."""
-    if keras.backend.backend() != "torch" or not args or not getattr(layer, "built", False):
+    """Whether Keras' `__call__` of a `plain_calls` layer (torch) would only call `call` with
+    these arguments, now."""
+    if not args or not getattr(layer, "built", False):
         return False
-    call = type(layer).__call__
-    if call is not keras.layers.Layer.__call__ and not hasattr(call, "adapts_arguments_only"):
-        return False
+    if global_state.get_global_attribute("current_call_ctx") is not None:
+        return False  # inside an outer Keras `__call__`: its call context (training) is the layer's
+    parameters = _parameters(type(layer))
+    if any(name in kwargs and name not in parameters for name in layer._call_context_args):
+        return False  # Keras drops it (`training` to a `call` without it)
     if kwargs.get("training") or layer.activity_regularizer is not None or layer._remat_mode:
         return False
     if layer.compute_dtype != layer.variable_dtype or _autocast_scope() is not None:
@@ -240,8 +313,8 @@ def _calls_plainly(layer, args, kwargs) -> bool:
     if get_keras_mask(args[0]) is not None:
         if not layer.supports_masking:
             return False  # Keras drops the mask with a warning
-        filled = ("mask", f"{_parameters(type(layer))[0]}_mask")
-        if any(n in _parameters(type(layer)) and kwargs.get(n) is None for n in filled):
+        filled = ("mask", f"{parameters[0]}_mask")
+        if any(n in parameters and kwargs.get(n) is None for n in filled):
             return False
     return True
 

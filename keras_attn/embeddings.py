@@ -3,7 +3,6 @@
 import keras
 from keras import ops
 
-from keras_attn._execution import call_layer
 from keras_attn._typing import InitializerLike, RegularizerLike, TensorLike
 from keras_attn.arguments import check_positive_int, check_positive_number, clone_initializer
 from keras_attn.positional import (
@@ -139,9 +138,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         start_index: int | TensorLike = 0,
         positions: TensorLike | None = None,
     ) -> TensorLike:
-        tokens = call_layer(self.token_embedding, inputs)  # (B, ..., T, embedding_dim)
-        return tokens + call_layer(
-            self.position_embedding, tokens, start_index=start_index, positions=positions
+        tokens = self.token_embedding(inputs)  # (B, ..., T, embedding_dim)
+        return tokens + self.position_embedding(
+            tokens, start_index=start_index, positions=positions
         )
 
     def compute_mask(self, inputs, mask=None):

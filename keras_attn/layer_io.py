@@ -78,7 +78,7 @@ class AttentionLayer(QueryMaskOutput):
     tensors to track them.)
     """
 
-    @adapts_arguments_only  # `call_layer` may call `call`: it takes a bias as it is
+    @adapts_arguments_only  # `plain_calls` may call `call`: it takes a bias as it is
     def __call__(self, *args, **kwargs):
         bias = kwargs.get("attention_bias")
         if bias is not None and not isinstance(bias, AttentionBias):

@@ -14,7 +14,7 @@ from keras import ops
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
-from keras_attn._execution import call_layer, transpose
+from keras_attn._execution import transpose
 from keras_attn._typing import (
     ConstraintLike,
     InitializerLike,
@@ -443,7 +443,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
     def _rotate(self, x, start_index=0):
         if self.rotary_embedding is None:
             return x
-        return call_layer(self.rotary_embedding, x, start_index=start_index)
+        return self.rotary_embedding(x, start_index=start_index)
 
     def compute_cache(self, value, key=None, value_mask=None):
         """Keys and values of a source `(B, Tv, dv)` (`key` defaults to it), for cross-attention.
@@ -474,8 +474,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 f"sliding_window={self.sliding_window!r}"
             )
         key = value if key is None else key
-        k = self._heads(self._rotate(call_layer(self._key_dense, key)))  # (B, g, Tv, dk)
-        v = self._heads(call_layer(self._value_dense, value))  # (B, g, Tv, dv)
+        k = self._heads(self._rotate(self._key_dense(key)))  # (B, g, Tv, dk)
+        v = self._heads(self._value_dense(value))  # (B, g, Tv, dv)
         valid = masks.as_bool_mask(value_mask, "value_mask")
         if valid is None:
             valid = ops.ones(ops.shape(value)[:2], "bool")
@@ -725,8 +725,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 value = masks.zero_padded(value, key_padding_mask)
             key = value if same else masks.zero_padded(key, key_padding_mask)
             index = 0 if cache_update_index is None else cache_update_index
-            k = self._heads(self._rotate(call_layer(self._key_dense, key), index))  # (B, g, Tv, dk)
-            v = self._heads(call_layer(self._value_dense, value))  # (B, g, Tv, dv)
+            k = self._heads(self._rotate(self._key_dense(key), index))  # (B, g, Tv, dk)
+            v = self._heads(self._value_dense(value))  # (B, g, Tv, dv)
             if isinstance(cache, RingKVCache):  # a step: the ring at its slots' positions
                 cache, seen, positions = ring_update(cache, cache_update_index, k, v,
                                                      key_padding_mask)  # fmt: skip
@@ -738,7 +738,7 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 k, v, key_padding_mask = cache.key, cache.value, cache.valid  # (B, g, S, d), (B, S)
                 start = cache_update_index
         rotation = 0 if cache_update_index is None else cache_update_index  # the first query's
-        q = self._heads(self._rotate(call_layer(self._query_dense, query), rotation))
+        q = self._heads(self._rotate(self._query_dense(query), rotation))
         return ProjectedHeads(
             query, q, k, v, query_mask, key_padding_mask, start, cache, in_range, positions
         )
@@ -774,8 +774,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
         Returns `(output (B, Tq, *output_shape), weights)`.
         """
         if self.use_gate:
-            heads = heads * ops.cast(call_layer(self._gate_dense, projected.query), heads.dtype)
-        output = call_layer(self._output_dense, heads)  # (B, Tq, *output_shape)
+            heads = heads * ops.cast(self._gate_dense(projected.query), heads.dtype)
+        output = self._output_dense(heads)  # (B, Tq, *output_shape)
         if spec.every_row_sees_a_key:
             rows = None
         elif own_keys:

@@ -12,7 +12,6 @@ from keras.src.backend.common.masking import get_keras_mask
 
 from keras_attn import masks
 from keras_attn import ops as attn_ops
-from keras_attn._execution import call_layer
 from keras_attn._typing import ActivationLike, InitializerLike
 from keras_attn.arguments import (
     check_dim,
@@ -137,9 +136,7 @@ def attention_results(layer, *args, return_attention_scores=False, cache=None, *
     The layer returns `output`, `(output, weights)`, `(output, cache)` or
     `(output, weights, cache)`, after what it was asked for.
     """
-    outputs = call_layer(
-        layer, *args, return_attention_scores=return_attention_scores, cache=cache, **kwargs
-    )
+    outputs = layer(*args, return_attention_scores=return_attention_scores, cache=cache, **kwargs)
     if not return_attention_scores and cache is None:
         return outputs, None, None
     weights = outputs[1] if return_attention_scores else None
@@ -366,12 +363,12 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
 
     def _residual_input(self, x, norm):
         """What a sublayer reads: `norm(x)` pre-norm, `x` post-norm."""
-        return call_layer(norm, x) if self.normalize_first else x
+        return norm(x) if self.normalize_first else x
 
     def _residual(self, x, y, norm, dropout, training):
         """`x` plus its sublayer's output `y`: post-norm `norm(x + drop(y))`, pre `x + drop(y)`."""
-        x = x + call_layer(dropout, y, training=training)
-        return x if self.normalize_first else call_layer(norm, x)
+        x = x + dropout(y, training=training)
+        return x if self.normalize_first else norm(x)
 
     def _self_attention(
         self, x, mask, attention_mask, use_causal_mask, return_attention_scores, training,
@@ -400,10 +397,10 @@ class TransformerBlock(QueryMaskOutput, keras.layers.Layer):
     def _feedforward_residual(self, x, training):
         norm = self._feedforward_layer_norm
         h = self._residual_input(x, norm)
-        y = call_layer(self._feedforward_intermediate_dense, h)  # act(x W_1 + b_1), or x W_up
+        y = self._feedforward_intermediate_dense(h)  # act(x W_1 + b_1), or x W_up
         if self._feedforward_gate_dense is not None:
-            y = call_layer(self._feedforward_gate_dense, h) * y  # act(x W_gate) * x W_up
-        y = call_layer(self._feedforward_output_dense, y)
+            y = self._feedforward_gate_dense(h) * y  # act(x W_gate) * x W_up
+        y = self._feedforward_output_dense(y)
         return self._residual(x, y, norm, self._feedforward_dropout, training)
 
     def compute_output_shape(self, *shapes, **kwargs):

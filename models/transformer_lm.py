@@ -7,7 +7,6 @@ import numpy as np
 from keras import ops
 
 import keras_attn
-from keras_attn._execution import call_layer
 from keras_attn._typing import ActivationLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_rate
 from keras_attn.cache import RingKVCache
@@ -445,16 +444,15 @@ class LanguageModelSteps:
         """`(B, T)` tokens at `(B, T)` positions -> `(B, T, d)`."""
         if self.padding_id != 0:  # padding (outside the vocabulary) read as row 0, masked
             tokens = ops.where(ops.equal(tokens, self.padding_id), 0, tokens)
-        x = call_layer(self.token_embedding, tokens)
+        x = self.token_embedding(tokens)
         if self.position_embedding is not None:
-            x = x + call_layer(self.position_embedding, x, positions=positions)
+            x = x + self.position_embedding(x, positions=positions)
         return x
 
     def _blocks(self, x, mask, caches, index):
         new = []
         for block, cache in zip(self.blocks, caches, strict=True):
-            x, cache = call_layer(
-                block,
+            x, cache = block(
                 x,
                 decoder_padding_mask=mask,
                 self_attention_cache=cache,
@@ -489,8 +487,15 @@ class LanguageModelSteps:
         """`(B,)` int32: each prompt's last token, fed at the first step."""
         return left_align(prompts, self.padding_id)[:, -1]
 
-    def start(self, prompts: TensorLike, max_length: int) -> LanguageModelState:
-        """Prefills the caches with `(B, P)` prompts (but their last tokens); the initial state."""
+    def start(
+        self, prompts: TensorLike, max_length: int, return_hidden: bool = False
+    ) -> LanguageModelState | tuple[LanguageModelState, TensorLike]:
+        """Prefills the caches with `(B, P)` prompts (but their last tokens); the initial state.
+
+        `return_hidden=True`: `(state, hidden)`, with the prefilled tokens' final hidden
+        states `(B, P - 1, d)` (after the final norm: what the logits project; the
+        left-aligned prompts', so a row's padding comes first).
+        """
         check_prompts(prompts, self.vocab_size, max_length, self.sequence_length, self.padding_id)
         prompts = left_align(prompts, self.padding_id)  # (B, P)
         batch, length = ops.shape(prompts)[0], ops.shape(prompts)[1]
@@ -500,19 +505,31 @@ class LanguageModelSteps:
             caches = [b.empty_cache(batch, length - 1 + max_length) for b in self.blocks]
         positions = TokenPositions(self.padding_id)(prompts)  # (B, P)
         context = prompts[:, :-1]  # (B, P - 1)
+        hidden = None
         if not isinstance(length, int) or length > 1:
             x = self._embed(context, positions[:, :-1])
-            _, caches = self._blocks(x, ops.not_equal(context, self.padding_id), caches, 0)
-        return LanguageModelState(
+            hidden, caches = self._blocks(x, ops.not_equal(context, self.padding_id), caches, 0)
+        state = LanguageModelState(
             caches=caches,
             positions=positions[:, -1],
             cache_index=ops.zeros_like(positions[:, -1]) + ops.cast(length - 1, "int32"),
         )
+        if not return_hidden:
+            return state
+        if hidden is None:  # a one-token prompt: nothing prefilled
+            return state, ops.zeros((batch, 0, self.token_embedding.output_dim), "float32")
+        return state, self._final_norm(hidden)
 
     def step(
-        self, tokens: TensorLike, index: Length, state: LanguageModelState
-    ) -> tuple[TensorLike, LanguageModelState]:
-        """`(B,)` tokens, the `index`-th fed -> next-token logits `(B, V)` and the new state."""
+        self,
+        tokens: TensorLike,
+        index: Length,
+        state: LanguageModelState,
+        return_hidden: bool = False,
+    ) -> tuple[TensorLike, LanguageModelState] | tuple[TensorLike, LanguageModelState, TensorLike]:
+        """`(B,)` tokens, the `index`-th fed -> next-token logits `(B, V)` and the new state
+        (and with `return_hidden`, the tokens' final hidden states `(B, d)`: after the final
+        norm, what the logits project; contrastive search compares them)."""
         tokens = ops.expand_dims(ops.cast(tokens, "int32"), 1)  # (B, 1)
         positions = ops.expand_dims(state.positions, 1)  # (B, 1)
         if state.cache_index is None:
@@ -525,10 +542,14 @@ class LanguageModelSteps:
         x, caches = self._blocks(
             x, ops.not_equal(tokens, self.padding_id), state.caches, cache_index
         )
-        if self.norm is not None:
-            x = call_layer(self.norm, x)
+        x = self._final_norm(x)
         logits = self._logits(x[:, 0])  # (B, V)
-        return logits, LanguageModelState(caches, state.positions + 1, state.cache_index + 1)
+        state = LanguageModelState(caches, state.positions + 1, state.cache_index + 1)
+        return (logits, state, x[:, 0]) if return_hidden else (logits, state)
+
+    def _final_norm(self, x):
+        """The blocks' output `(B, T, d)` after the final norm (where the model has one)."""
+        return x if self.norm is None else self.norm(x)
 
     def extend(
         self, tokens: TensorLike, state: LanguageModelState
@@ -554,8 +575,7 @@ class LanguageModelSteps:
         x, caches = self._blocks(
             x, ops.not_equal(tokens, self.padding_id), state.caches, cache_index
         )
-        if self.norm is not None:
-            x = call_layer(self.norm, x)
+        x = self._final_norm(x)
         batch, width = ops.shape(x)[0], ops.shape(x)[2]
         logits = self._logits(ops.reshape(x, (batch * length, width)))  # (B * T, V)
         logits = ops.reshape(logits, (batch, length, ops.shape(logits)[-1]))

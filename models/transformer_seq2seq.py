@@ -6,7 +6,6 @@ import keras
 from keras import ops
 
 import keras_attn
-from keras_attn._execution import call_layer
 from keras_attn._typing import Length, TensorLike
 
 
@@ -186,14 +185,13 @@ class TransformerDecodingSteps:
         block's cross-attention weights of the token, averaged over the heads (0 on source
         padding), as `(logits, state, alignment)`.
         """
-        x = call_layer(self.embedding, ops.expand_dims(tokens, 1), start_index=index)  # (B, 1, d)
+        x = self.embedding(ops.expand_dims(tokens, 1), start_index=index)  # (B, 1, d)
         caches, last = [], len(self.blocks) - 1
         for i, (block, cache, cross) in enumerate(
             zip(self.blocks, state.self_attention_caches, state.cross_attention_caches, strict=True)
         ):
             keep_weights = return_alignment and i == last  # the last block's weights only
-            x, *weights, cache, _ = call_layer(
-                block,
+            x, *weights, cache, _ = block(
                 x,
                 self_attention_cache=cache,
                 self_attention_cache_update_index=index,
@@ -203,8 +201,8 @@ class TransformerDecodingSteps:
             )  # weights: [] or [self (B, h, 1, L), cross (B, h, 1, S)]
             caches.append(cache)
         if self.norm is not None:
-            x = call_layer(self.norm, x)
-        logits = call_layer(self.logits, x)[:, 0]
+            x = self.norm(x)
+        logits = self.logits(x)[:, 0]
         state = state._replace(self_attention_caches=caches)
         if not return_alignment:
             return logits, state

@@ -15,6 +15,7 @@ def assert_generation_batch_invariance(
     end_id: int | None = None,
     *,
     jit_compile: bool = True,
+    **settings: Any,
 ) -> None:
     """Asserts that each prompt's greedy continuation is the same alone and in any batch.
 
@@ -42,6 +43,10 @@ def assert_generation_batch_invariance(
             `generate`.
         jit_compile: run `generate` compiled (TensorFlow's XLA, `jax.jit`; torch runs
             eagerly either way).
+        **settings: more settings of `generate` (`sampler`, `top_k`, `penalty_alpha`,
+            `num_return_sequences` ...; default greedy). With `num_return_sequences=n` each
+            prompt's `n` rows are compared with its `n` rows alone (a seeded `"sample"`'s
+            rows too: sample `j` draws from `seed + j`, whatever the batch).
 
     Returns:
         None.
@@ -68,8 +73,9 @@ def assert_generation_batch_invariance(
     rows = _prompt_rows(prompts)
     width = max(len(row) for row in rows)
 
-    def continue_(batch):
-        return np.asarray(generate(model, batch, max_length, end_id, jit_compile=jit_compile))
+    def continue_(batch):  # (B, n, max_length): each prompt's rows
+        tokens = generate(model, batch, max_length, end_id, jit_compile=jit_compile, **settings)
+        return np.asarray(tokens).reshape(len(batch), -1, max_length)
 
     alone = [continue_(row[None])[0] for row in rows]
     straight, reverse = np.arange(len(rows)), np.arange(len(rows))[::-1]
@@ -83,13 +89,18 @@ def assert_generation_batch_invariance(
     for how, order, size, side in batches:
         tokens = continue_(_padded([rows[i] for i in order], size, side))[np.argsort(order)]
         for i, (got, want) in enumerate(zip(tokens, alone, strict=True)):
-            differs = np.flatnonzero(got != want)
+            differs = np.flatnonzero(np.any(got != want, axis=0))  # (n, T): any of its rows
             if differs.size:
                 raise AssertionError(
                     f"Generation batch invariance: prompt {i} {how} differs from prompt {i} "
                     f"alone at step {int(differs[0])} (0-based) of {max_length}.\n"
-                    f"  alone:        {want.tolist()}\n  in the batch: {got.tolist()}"
+                    f"  alone:        {_listed(want)}\n  in the batch: {_listed(got)}"
                 )
+
+
+def _listed(rows):
+    """A prompt's `(n, T)` tokens as a list: its one row's (n = 1), else its rows'."""
+    return rows[0].tolist() if len(rows) == 1 else rows.tolist()
 
 
 def _prompt_rows(prompts):

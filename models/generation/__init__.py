@@ -9,7 +9,8 @@ The package, bottom up (each module imports only those before it):
 - `processors`: the logits processors (`logits_processors(config)`: padding and
   `suppress_ids` ruled out, CTRL's repetition penalty, no-repeat n-grams);
 - `steps`: the decoding-steps protocol (`decoding_steps`, `register_decoding_steps`);
-- `loop`: `DecodingLoop` and its `Carry`, `decode`;
+- `loop`: `DecodingLoop` and its `Carry`, `decode`; `contrastive`: `ContrastiveLoop`
+  (contrastive search, a `DecodingLoop`);
 - `compiled`: the compiled-loop cache (`compiled_loop`);
 - `decoders`: `greedy_decode`, `sample_decode`; `beam`: `beam_search`, `beam_search_loop`;
   `speculative`: speculative decoding with a draft model; `lm`: `generate` (a language

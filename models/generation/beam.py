@@ -36,13 +36,14 @@ _POSITIONAL = ("start_id", "end_id", "beam_width", "length_penalty", "suppress_i
 
 
 class Beams(NamedTuple):
-    """`beam_search_loop`'s result: each example's best hypothesis.
+    """`beam_search_loop`'s result: each example's best hypothesis (its `n =
+    num_return_sequences` best, best first: `B * n` rows, grouped by example).
 
-    tokens: int32 `(B, T)`, 0 after the end token.
-    sequence_scores: float32 `(B,)`, its `log p(Y | x) / lp(|Y|)`.
-    token_scores: float32 `(B, T)`, the model's log-probability of each token (0.0 after
+    tokens: int32 `(B * n, T)`, 0 after the end token.
+    sequence_scores: float32 `(B * n,)`, its `log p(Y | x) / lp(|Y|)`.
+    token_scores: float32 `(B * n, T)`, the model's log-probability of each token (0.0 after
         the end), or None.
-    alignment: float32 `(B, T, S)`, the steps' alignment at each token (0 after the end),
+    alignment: float32 `(B * n, T, S)`, the steps' alignment at each token (0 after the end),
         or None.
     """
 
@@ -130,12 +131,15 @@ def beam_search(
             (a language model's prompt included).
         jit_compile: compile the loop (TensorFlow, JAX).
         config: a `GenerationConfig` holding the settings (None: from the keywords).
+        num_return_sequences: `n <= beam_width`: each example's `n` best hypotheses of the
+            final beams, best first (the first is the one `n = 1` returns).
 
     Returns:
         `(tokens, sequence_scores)`: int32 NumPy `(B, max_length)` (0 after `end_id`) and
         the best hypothesis' normalized score, float32 `(B,)`; then float32 `token_scores`
         `(B, max_length)` if `return_scores`, then float32 `alignment`
-        `(B, max_length, S)` if `return_alignment`.
+        `(B, max_length, S)` if `return_alignment`. With `num_return_sequences=n`, `B * n`
+        rows in each: example `i`'s `n` best are rows `i * n` to `i * n + n - 1`.
 
     Raises:
         ValueError: as `greedy_decode`, a missing `end_id`, a `beam_width`
@@ -179,7 +183,7 @@ def beam_search(
         )  # fmt: skip
         return _outputs(empty)
     if not jit_compile or keras.backend.backend() == "torch":
-        with no_gradients():  # torch: nothing to record for a backward pass
+        with no_gradients(model):  # torch: nothing recorded; the model's layers call plainly
             return _outputs(beam_search_loop(model, source, max_length, config=config))
     # The compiled loop lives as long as the model (a weak key): it must not hold it.
     model_ref = weakref.ref(model)
@@ -305,8 +309,13 @@ def beam_search_loop(
     final = hypotheses.log_probs / length_penalty_factor(
         ops.maximum(hypotheses.lengths, 1.0), alpha
     )  # (B*K,)
-    choice = ops.argmax(ops.reshape(final, (batch, width)), axis=-1)  # the first best
-    best = ops.cast(choice, "int32") + ops.arange(batch, dtype="int32") * width  # (B,)
+    n = config.num_return_sequences
+    if n == 1:
+        choice = ops.argmax(ops.reshape(final, (batch, width)), axis=-1)  # the first best
+        best = ops.cast(choice, "int32") + ops.arange(batch, dtype="int32") * width  # (B,)
+    else:  # each example's n best, best first (of equals, the lower beam first)
+        choice = top_k_lowest_first(ops.reshape(final, (batch, width)), n)[1]  # (B, n)
+        best = ops.reshape(choice + ops.arange(batch, dtype="int32")[:, None] * width, (-1,))
     tokens, scores, alignment = (
         None if value is None else ops.take(value, best, axis=0)
         for value in decode.result(hypotheses.carry)

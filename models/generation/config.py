@@ -21,7 +21,7 @@ import numpy as np
 from keras_attn.arguments import is_int
 
 FLOAT32_MAX = float(np.finfo("float32").max)
-SAMPLERS = ("greedy", "sample", "beam")
+SAMPLERS = ("greedy", "sample", "beam", "contrastive")
 
 
 def _number(value) -> bool:
@@ -119,6 +119,10 @@ RULES = {
     "length_penalty": Rule("number", "a finite number", lambda x, finite: finite(x)),
     "return_scores": Rule("flag", "True or False"),
     "return_alignment": Rule("flag", "True or False"),
+    "num_return_sequences": Rule("int", "a positive integer", lambda x, finite: x >= 1),
+    "penalty_alpha": Rule(
+        "number", "a number in [0, 1]", lambda x, finite: finite(x) & (x >= 0) & (x <= 1)
+    ),
     "num_speculative_tokens": Rule(
         "int", "None or a positive integer (a draft model's tokens per round)",
         lambda x, finite: x >= 1, optional=True,
@@ -149,6 +153,12 @@ class GenerationConfig:
         beam_width, length_penalty: of `"beam"`.
         return_scores, return_alignment: also return the tokens' log-probabilities, the
             steps' alignment over the source.
+        num_return_sequences: `n` sequences per prompt: `"sample"`: `n` draws (the rows
+            `(B * n, max_length)`, grouped by prompt; sample `j` of a prompt draws what the
+            prompt alone draws with `seed + j`); `"beam"`: the `n <= beam_width` best beams,
+            best first. `"greedy"` and `"contrastive"` (deterministic) take 1 only.
+        penalty_alpha: of `"contrastive"` (contrastive search among the `top_k` most
+            likely tokens): the weight of the degeneration penalty, in `[0, 1]` (0 is greedy).
         num_speculative_tokens: of speculative decoding (`generate(..., draft_model=)`):
             the tokens the draft proposes per round (None: 4).
 
@@ -174,6 +184,8 @@ class GenerationConfig:
     length_penalty: float = 0.6
     return_scores: bool = False
     return_alignment: bool = False
+    num_return_sequences: int = 1
+    penalty_alpha: float = 0.6
     num_speculative_tokens: int | None = None
 
     def __post_init__(self):
@@ -190,6 +202,28 @@ class GenerationConfig:
             object.__setattr__(self, "repetition_penalty", 1.0)
         if self.no_repeat_ngram_size is None:
             object.__setattr__(self, "no_repeat_ngram_size", 0)
+        self._check_return_sequences()
+
+    def _check_return_sequences(self):
+        """`num_return_sequences` against the sampler (Hugging Face's rules) and `top_k` for
+        contrastive search."""
+        n = self.num_return_sequences
+        if n > 1 and self.sampler in ("greedy", "contrastive"):
+            raise ValueError(
+                f"`num_return_sequences` must be 1 with sampler={self.sampler!r} (it gives one "
+                "sequence per prompt; use sampler='sample' or 'beam'). "
+                f"Received: num_return_sequences={n}"
+            )
+        if self.sampler == "beam" and n > self.beam_width:
+            raise ValueError(
+                "`num_return_sequences` must be at most `beam_width` (the beams kept). "
+                f"Received: num_return_sequences={n}, beam_width={self.beam_width}"
+            )
+        if self.sampler == "contrastive" and not self.top_k:
+            raise ValueError(
+                "`top_k` must be a positive integer with sampler='contrastive' (the number of "
+                f"candidates scored at each step). Received: top_k={self.top_k!r}"
+            )
 
     @classmethod
     def exported(cls) -> tuple[str, ...]:
@@ -212,8 +246,14 @@ class GenerationConfig:
         loop's argument), and greedy decoding's without the sampling settings."""
         if self.sampler == "sample" and not self.greedy:
             return self.replace(seed=None)
+        if self.sampler == "contrastive":
+            return self.replace(temperature=1.0, top_p=None, seed=None)
         sampler = "beam" if self.sampler == "beam" else "greedy"
-        return self.replace(sampler=sampler, temperature=1.0, top_k=None, top_p=None, seed=None)
+        n = self.num_return_sequences if sampler == "beam" else 1  # else: the rows repeated
+        return self.replace(
+            sampler=sampler, temperature=1.0, top_k=None, top_p=None, seed=None,
+            num_return_sequences=n,
+        )  # fmt: skip
 
     def check_vocabulary(self, vocab_size: int | None) -> "GenerationConfig":
         """`self`, or `ValueError` naming a `start_id`, `end_id` or `suppress_ids` outside

@@ -15,7 +15,7 @@ from keras_attn._typing import TensorLike
 
 from .config import GenerationConfig, check_lengths, config_from
 from .loop import Decoded, decode
-from .samplers import token_chooser
+from .samplers import sample_draws, token_chooser
 from .steps import alignment_step, decoder_vocab_size, decoding_steps
 
 _GREEDY = (
@@ -149,9 +149,12 @@ def sample_decode(
         top_k: None or 0 (off), or sample among the `top_k` most likely tokens.
         top_p: None, or the nucleus mass in `(0, 1]`.
         seed: None or an integer.
+        num_return_sequences: `n` samples per example: `B * n` rows, example `i`'s at rows
+            `i * n` to `i * n + n - 1`; sample `j` draws what the example alone draws with
+            `seed + j` (`keras_attn.models.generation.samplers.sample_draws`).
 
     Returns:
-        int32 `(B, max_length)` tokens (a tensor); with `return_scores` or
+        int32 `(B * n, max_length)` tokens (a tensor); with `return_scores` or
         `return_alignment` a tuple, as in `greedy_decode`.
 
     Raises:
@@ -199,8 +202,10 @@ def decode_model(
         uniform = None
         if config.sampler == "sample" and not config.greedy:  # a draw per step and row
             batch = ops.shape(encoder_inputs)[0]
-            uniform = keras.random.uniform((max_length, batch), seed=config.seed)
-        with no_gradients():  # torch: nothing to record for a backward pass
+            uniform = sample_draws(config, max_length, batch)  # (T, B * n)
+        if config.num_return_sequences > 1:  # each example's n rows
+            encoder_inputs = ops.repeat(encoder_inputs, config.num_return_sequences, axis=0)
+        with no_gradients(model):  # torch: nothing recorded; the model's layers call plainly
             choose = token_chooser(config, uniform)
             decoded = decode(steps, encoder_inputs, max_length, config, choose)
     return returned(decoded, config)

@@ -179,30 +179,42 @@ def checked_settings(limit: int, **settings) -> dict:
         return {name: tf.identity(value) for name, value in settings.items()}
 
 
-def uniform_draws(seed, max_length, batch):
+def uniform_draws(seed, max_length, batch, n=1):
     """float32 `(max_length, batch)` draws from `U[0, 1)`: on TensorFlow, what
     `keras.random.uniform((max_length, batch), seed=seed)` draws for a Python int `seed`
     (`[seed, 0]` int64, mod `2**31 - 2`, as int32: the stateless Philox seed), with a tensor
-    `seed`; so an exported `generate` samples what Python's `generate` samples."""
+    `seed`; so an exported `generate` samples what Python's `generate` samples.
+
+    `n > 1` (a Python int, `num_return_sequences`): `(max_length, batch * n)`, Python's
+    `samplers.sample_draws`: column `i * n + j` drawn as `(max_length, 1)` from `seed + j`."""
     import tensorflow as tf
 
-    pair = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
-    pair = tf.cast(tf.math.floormod(pair, tf.int32.max - 1), tf.int32)
-    shape = tf.stack([tf.cast(max_length, tf.int32), tf.cast(batch, tf.int32)])
-    return tf.random.stateless_uniform(
-        shape, seed=pair, minval=tf.constant(0.0), maxval=tf.constant(1.0), dtype=tf.float32
-    )
+    def draw(seed, columns):
+        pair = tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)])
+        pair = tf.cast(tf.math.floormod(pair, tf.int32.max - 1), tf.int32)
+        shape = tf.stack([tf.cast(max_length, tf.int32), tf.cast(columns, tf.int32)])
+        return tf.random.stateless_uniform(
+            shape, seed=pair, minval=tf.constant(0.0), maxval=tf.constant(1.0), dtype=tf.float32
+        )
+
+    if n == 1:
+        return draw(seed, batch)
+    samples = [draw(tf.cast(seed, tf.int64) + j, 1) for j in range(n)]  # (T, 1) each
+    return tf.tile(tf.concat(samples, axis=1), tf.stack([1, tf.cast(batch, tf.int32)]))
 
 
 def sampled_generation(steps, source, config: GenerationConfig, limit: int, **settings) -> Decoded:
     """The decoding loop with the `generate` signature's tensor `settings`, checked
     (`checked_settings`, `max_length` at most `limit`): `config`'s fixed settings (its ids,
-    `suppress_ids`), `sample_tokens` on the tensors' temperature, top-k and top-p, drawing
-    from `seed` (`uniform_draws`); returns the `Decoded` tokens and scores."""
+    `suppress_ids`, `num_return_sequences`: `n` rows a prompt), `sample_tokens` on the
+    tensors' temperature, top-k and top-p, drawing from `seed` (`uniform_draws`); returns the
+    `Decoded` tokens and scores."""
     import tensorflow as tf
 
     settings = checked_settings(limit, **settings)
-    uniform = uniform_draws(settings["seed"], settings["max_length"], tf.shape(source)[0])
+    n = config.num_return_sequences
+    uniform = uniform_draws(settings["seed"], settings["max_length"], tf.shape(source)[0], n)
+    source = tf.repeat(source, n, axis=0) if n > 1 else source  # each prompt's n rows
     config = config.replace(sampler="sample", return_scores=True)
     tensors = {k: v for k, v in settings.items() if k not in ("max_length", "seed")}
     choose = token_chooser(config, uniform, tensors)

@@ -15,8 +15,9 @@ from ..transformer_lm import LanguageModelSteps, check_prompts
 from .beam import beam_search
 from .compiled import _small, compiled_loop
 from .config import GenerationConfig, check_setting, config_from
+from .contrastive import ContrastiveLoop
 from .loop import DecodingLoop
-from .samplers import token_chooser
+from .samplers import sample_draws, token_chooser
 from .speculative import speculative_generate
 
 _POSITIONAL = (
@@ -91,7 +92,7 @@ def generate(
         max_length: the number of new tokens (whatever the prompts' length).
         end_id: when given, a row stops at its first `end_id` (kept) and is
             padded with 0 after it.
-        sampler: `"greedy"`, `"sample"` or `"beam"`.
+        sampler: `"greedy"`, `"sample"`, `"beam"` or `"contrastive"`.
         temperature, top_k, top_p, seed: of `"sample"` (see
             `keras_attn.models.sample_decode`).
         beam_width, length_penalty: of `"beam"` (see `beam_search`; it needs
@@ -113,6 +114,20 @@ def generate(
             `"beam"`, the chosen sequence's per-token log-probabilities.
         stream: return an iterator of each step's tokens (not with `"beam"`).
         config: a `GenerationConfig` holding the settings (None: from the keywords).
+        num_return_sequences: `n` continuations per prompt (`"sample"`: `n` draws, sample
+            `j` of a prompt drawing what the prompt alone draws with `seed + j`, in any
+            batch; `"beam"`: the `n <= beam_width` best beams, best first, the first
+            `n = 1`'s): `B * n` rows, prompt `i`'s at rows `i * n` to `i * n + n - 1` (as
+            Hugging Face's). `"greedy"` and `"contrastive"` take 1 only.
+        penalty_alpha: of `"contrastive"`: contrastive search (Su et al. 2022; keras-hub's
+            `ContrastiveSampler`, Hugging Face's `penalty_alpha`) chooses, among the
+            `top_k` most likely tokens `v` (`top_k` required), the argmax of
+            `(1 - penalty_alpha) p(v) - penalty_alpha max_j cos(h_v, h_j)`, `h` the final
+            hidden states, `j` over the row's real prompt tokens and its outputs so far
+            (`keras_attn.models.generation.contrastive`); 0 is greedy. It runs the model on
+            `B * top_k` candidates a step, and needs one position past the last output (a
+            learned-position model: `P + max_length` at most its `sequence_length`). It
+            streams.
         draft_model: a smaller `transformer_lm` of the same vocabulary: speculative decoding
             (`keras_attn.models.generation.speculative`: the draft proposes
             `num_speculative_tokens` tokens (a config field; None: 4), the target verifies
@@ -122,9 +137,10 @@ def generate(
             draft's acceptance rate, the new tokens per target step) after the outputs.
 
     Returns:
-        int32 NumPy `(B, max_length)`: the new tokens; `(tokens, scores)` with
-        `return_scores`; an iterator with `stream`; the `SpeculativeStats` last with
-        `return_acceptance`. An empty batch gives empty results.
+        int32 NumPy `(B, max_length)`: the new tokens (`(B * n, max_length)` with
+        `num_return_sequences=n`); `(tokens, scores)` with `return_scores`; an iterator
+        with `stream`; the `SpeculativeStats` last with `return_acceptance`. An empty batch
+        gives empty results.
 
     Raises:
         ValueError: a prompt row without a real token, a token id outside
@@ -132,7 +148,9 @@ def generate(
             the longest prompt and `max_length` tokens, or a bad setting
             (`max_length`, `end_id`, `temperature`, `top_k`, `top_p`, `seed`,
             `repetition_penalty`, `no_repeat_ngram_size`, `jit_compile`, `stream` with
-            `"beam"`); each names the argument.
+            `"beam"`, `penalty_alpha`, `num_return_sequences` above 1 with `"greedy"` or
+            `"contrastive"` or above `beam_width`, `"contrastive"` without `top_k`); each
+            names the argument.
 
     Example:
 
@@ -183,7 +201,8 @@ def generate(
     steps = LanguageModelSteps(model)
     max_length = check_setting("max_length", max_length)
     config.check_vocabulary(steps.vocab_size)
-    check_prompts(prompts, steps.vocab_size, max_length, steps.sequence_length, steps.padding_id)
+    positions = max_length + (config.sampler == "contrastive")  # one more: the last candidates
+    check_prompts(prompts, steps.vocab_size, positions, steps.sequence_length, steps.padding_id)
     prompts = prompts.astype("int32")
     if config.sampler == "beam" and stream:
         raise ValueError(
@@ -215,8 +234,9 @@ def generate(
     xla = jit_compile is True or keras.backend.backend() != "tensorflow" or not stream
     xla = xla or _small(model)
     key = (config.compile_key, max_length, xla)
+    uniform = sample_draws(config, max_length, prompts.shape[0])  # (steps, B * n)
+    prompts = np.repeat(prompts, config.num_return_sequences, axis=0)  # each prompt's n rows
     batch = prompts.shape[0]
-    uniform = keras.random.uniform((max_length, batch), seed=config.seed)  # (steps, B)
     # The compiled loops live as long as the model (`_COMPILED`'s weak key): they must not
     # hold it. A loop is traced (it calls `model_ref()`) only inside `generate(model, ...)`.
     model_ref = weakref.ref(model)
@@ -224,14 +244,15 @@ def generate(
     def decoding_loop(uniform, steps=None):
         """The loop drawing from `uniform` (a traced argument: never a constant of the trace)."""
         steps = steps or LanguageModelSteps(model_ref())
-        return DecodingLoop(steps, config, token_chooser(config, uniform))
+        loop = ContrastiveLoop if config.sampler == "contrastive" else DecodingLoop
+        return loop(steps, config, token_chooser(config, uniform))
 
     compiled = jit_compile and keras.backend.backend() != "torch"
     if stream:
         if batch == 0:
             return _stream_empty(max_length, config.return_scores)
         prefill, step = _stream_functions(model, key, max_length, decoding_loop, compiled, xla)
-        return _stream(prefill, step, prompts, uniform, max_length, config)
+        return _stream(model, prefill, step, prompts, uniform, max_length, config)
     if batch == 0:  # no prompts, no tokens (nothing to decode, nor to compile)
         tokens, scores = np.zeros((0, max_length), "int32"), np.zeros((0, max_length), "float32")
         return (tokens, scores) if config.return_scores else tokens
@@ -247,7 +268,7 @@ def generate(
 
     if compiled:
         loop = compiled_loop(model, key, loop, xla)
-    with no_gradients():  # torch: nothing to record for a backward pass
+    with no_gradients(model):  # torch: nothing recorded; the model's layers call plainly
         outputs = tuple(np.asarray(ops.convert_to_numpy(v)) for v in loop(prompts, uniform))
     return outputs if config.return_scores else outputs[0]
 
@@ -275,16 +296,16 @@ def _stream_functions(model, key, max_length, decoding_loop, compiled, xla=True)
     )
 
 
-def _stream(prefill, step, prompts, uniform, max_length, config):
+def _stream(model, prefill, step, prompts, uniform, max_length, config):
     """The iterator of `generate(..., stream=True)`: each step's `(B,)` tokens (and scores)."""
-    with no_gradients():  # per call: a generator must not hold it across its yields
+    with no_gradients(model):  # per call: a generator must not hold it across its yields
         carry = prefill(prompts)
     ended = np.zeros(prompts.shape[0], bool)
     for index in range(max_length):
         if ended.all():  # every row has ended: zeros, as the one-shot call pads
             tokens, scores = np.zeros(len(ended), "int32"), np.zeros(len(ended), "float32")
         else:
-            with no_gradients():
+            with no_gradients(model):
                 carry = step(np.int32(index), carry, uniform)
             tokens = np.asarray(ops.convert_to_numpy(carry.tokens))
             if config.return_scores:

@@ -121,11 +121,15 @@ class DecodingLoop:
             tokens=tokens,
             outputs=ops.zeros((batch, max_length), "int32"),
             finished=ops.zeros((batch,), "bool"),
-            state=self.steps.start(encoder_inputs, max_length),
+            state=self.start_state(encoder_inputs, max_length),
             before=before,
             scores=scores,
             alignment=alignment,
         )
+
+    def start_state(self, encoder_inputs: TensorLike, max_length) -> Any:
+        """The carry's first `state`: the steps started (`steps.start`)."""
+        return self.steps.start(encoder_inputs, max_length)
 
     def model_step(self, carry: Carry, index) -> tuple:
         """The steps fed `carry.tokens`: `(logits (B, V), new state, alignment (B, S) or None)`."""

@@ -208,3 +208,27 @@ def token_chooser(
         return sample_tokens(logits, ops.take(uniform, index, axis=0), **settings)
 
     return choose
+
+
+def sample_draws(config: GenerationConfig, max_length: int, batch: int) -> TensorLike:
+    """float32 `(max_length, batch * n)` draws from `U[0, 1)` for `"sample"`, one per step and
+    row, `n = config.num_return_sequences` (the rows: each prompt's `n` samples in turn).
+
+    `n = 1`: `keras.random.uniform((max_length, batch), seed=seed)`. `n > 1`: sample `j` of
+    every prompt draws `keras.random.uniform((max_length, 1), seed=seed + j)`, what a batch of
+    that prompt alone draws with `seed + j`: the samples are reproducible from the seed,
+    independent of each other and the same in any batch (`seed=None`: one unseeded draw).
+
+    Example:
+
+    >>> config = GenerationConfig(sampler="sample", seed=3, num_return_sequences=2)
+    >>> draws = ops.convert_to_numpy(sample_draws(config, 4, 3))
+    >>> alone = ops.convert_to_numpy(keras.random.uniform((4, 1), seed=4))[:, 0]
+    >>> print(draws.shape, bool(np.all(draws[:, 3] == alone)))
+    (4, 6) True
+    """
+    n, seed = config.num_return_sequences, config.seed
+    if n == 1 or seed is None:
+        return keras.random.uniform((max_length, batch * n), seed=seed)
+    samples = [keras.random.uniform((max_length, 1), seed=seed + j) for j in range(n)]
+    return ops.tile(ops.concatenate(samples, axis=1), (1, batch))  # column i * n + j: j's

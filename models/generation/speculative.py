@@ -317,8 +317,8 @@ def _rolled_back(state, before, moved):
 
 def check_draft_model(target, draft_model, config: GenerationConfig) -> LanguageModelSteps:
     """The draft's `LanguageModelSteps` (full caches), or `ValueError` naming `draft_model`:
-    not a `transformer_lm`, another vocabulary or padding id than the target's, or a
-    sampler other than greedy and sampling."""
+    not a `transformer_lm`, another vocabulary or padding id than the target's, a sampler
+    other than greedy and sampling, or `num_return_sequences` above 1."""
     if not isinstance(draft_model, keras.Model) or not LanguageModelSteps.matches(draft_model):
         raise ValueError(
             "`draft_model` must be a model built by keras_attn.models.transformer_lm. "
@@ -328,6 +328,12 @@ def check_draft_model(target, draft_model, config: GenerationConfig) -> Language
         raise ValueError(
             "`draft_model` (speculative decoding) works with sampler='greedy' or 'sample'. "
             f"Received: draft_model={draft_model.name!r}, sampler={config.sampler!r}"
+        )
+    if config.num_return_sequences != 1:
+        raise ValueError(
+            "`draft_model` (speculative decoding) gives one sequence per prompt: repeat the "
+            f"prompts instead. Received: draft_model={draft_model.name!r}, "
+            f"num_return_sequences={config.num_return_sequences}"
         )
     target_steps, draft = LanguageModelSteps(target), LanguageModelSteps(draft_model, ring=False)
     if (draft.vocab_size, draft.padding_id) != (target_steps.vocab_size, target_steps.padding_id):
@@ -404,10 +410,11 @@ def speculative_generate(
             if compiled:
                 start = _compiled_loop(target, draft_model, key + ("start",), start)
                 one_round = _compiled_loop(target, draft_model, key + ("round",), one_round)
-            return _stream(start, one_round, prompts, uniform, max_length, config)
+            return _stream(start, one_round, prompts, uniform, max_length, config,
+                           (target, draft_model))  # fmt: skip
         if compiled:
             run = _compiled_loop(target, draft_model, key, run)
-        with no_gradients():
+        with no_gradients(target, draft_model):  # torch: their layers call plainly
             *outputs, stats = (np.asarray(ops.convert_to_numpy(v)) for v in run(prompts, uniform))
         accepted, proposed, rounds, count = stats.tolist()
         stats = SpeculativeStats(
@@ -420,11 +427,11 @@ def speculative_generate(
     return (*outputs, stats) if config.return_scores else (outputs, stats)
 
 
-def _stream(start, one_round, prompts, uniform, max_length, config):
+def _stream(start, one_round, prompts, uniform, max_length, config, models):
     """The iterator of `generate(..., draft_model=, stream=True)`: each new token's `(B,)`
     tokens (and scores), a round's tokens as soon as it has run; the same rounds and draws
     as the one-shot loop. Once every row has ended, zeros without running the models."""
-    with no_gradients():  # per call: a generator must not hold it across its yields
+    with no_gradients(*models):  # per call: a generator must not hold it across its yields
         carry = start(prompts)
     ended = np.zeros(prompts.shape[0], bool)
     emitted = rounds = 0
@@ -434,7 +441,7 @@ def _stream(start, one_round, prompts, uniform, max_length, config):
             emitted += 1
             yield (tokens, scores) if config.return_scores else tokens
             continue
-        with no_gradients():
+        with no_gradients(*models):
             carry = one_round(carry, ops.take(uniform, rounds, axis=0))
         rounds += 1
         count = min(int(ops.convert_to_numpy(carry.count)), max_length)

@@ -244,7 +244,7 @@ class TextLanguageModel(_TextModel):
 
         Yields:
             A list of `B` Python strings per step: each prompt's new word, `""` once it
-            has ended (the end token is not a word).
+            has ended (the end token is not a word); `B * n` with `num_return_sequences=n`.
 
         Example:
 
@@ -260,12 +260,12 @@ class TextLanguageModel(_TextModel):
         generation.setdefault("jit_compile", False)
         _suppress_by_default(generation, self.suppress_ids)
         vocabulary, end_id = self.lookup.get_vocabulary(), self.end_id
-        ended = np.zeros(len(prompts), bool)
+        ended = None  # (B,), or (B * n,) with num_return_sequences=n
         steps = generate(
             self.language_model, prompts, max_length, end_id, stream=True, **generation
         )
         for tokens in steps:
-            ended |= tokens == end_id
+            ended = (tokens == end_id) | (False if ended is None else ended)
             yield ["" if t == end_id else vocabulary[t] for t in tokens.tolist()]  # 0: ""
             if ended.all():
                 return
@@ -275,7 +275,7 @@ class TextLanguageModel(_TextModel):
         nothing): how many have words outside the vocabulary (of the words kept)."""
         return _unfamiliar(self.prompt_ids(text))
 
-    def export_text(self, path: str) -> None:
+    def export_text(self, path: str, num_return_sequences: int = 1) -> None:
         """A SavedModel of a prompt in, its continuation out (never a `suppress_tokens` token),
         the vocabulary in `assets/`.
 
@@ -304,8 +304,18 @@ class TextLanguageModel(_TextModel):
         - `greedy_decode`: prompt ids `prompts` `(B, P)` int64 (0 = padding, either side) ->
           the new tokens `(B, max_length)` int32; `serve`: the token model (ids -> logits).
 
+        With `num_return_sequences=n` (fixed at export: a signature input would be one more
+        that every client must send), `generate` returns `n` samples per prompt: `text`
+        `(B * n,)`, `tokens` and `scores` `(B * n, max_length)`, prompt `i`'s at rows
+        `i * n` to `i * n + n - 1`, sample `j` drawn from `seed + j` (Python's
+        `generate(..., num_return_sequences=n)`; at temperature 0 the `n` rows are equal).
+
         Args:
             path: the SavedModel directory, written atomically.
+            num_return_sequences: samples per prompt of the `generate` signature.
+
+        Raises:
+            ValueError: a `num_return_sequences` that is not a positive integer.
         """
         import tensorflow as tf
 
@@ -314,6 +324,8 @@ class TextLanguageModel(_TextModel):
         from ..transformer_lm import LanguageModelSteps
 
         _check_export_backend()
+        # (checked first: a bad value fails before anything is traced)
+        sampled = GenerationConfig(sampler="sample", num_return_sequences=num_return_sequences)
         model, end_id, suppress_ids = self.language_model, self.end_id, self.suppress_ids
         archive = keras.export.ExportArchive()
         archive.track(model)
@@ -353,7 +365,7 @@ class TextLanguageModel(_TextModel):
 
             archive.add_endpoint("serving_default", serving_default)
 
-            config = GenerationConfig(end_id=end_id, suppress_ids=suppress_ids)
+            config = sampled.replace(end_id=end_id, suppress_ids=suppress_ids)
 
             # The settings' inputs and checks: `GenerationConfig.exported()` and its `RULES`
             @tf.function(input_signature=generation_specs(), autograph=False)

@@ -1,6 +1,8 @@
 """Beam search, compiled: equal to the NumPy ranking it replaced, with scores, alignment and
 repetition controls."""
 
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -108,7 +110,7 @@ def banned_ngrams(history, n, vocab):
 
 def reference_beam_search(
     model, source, max_length, start_id, end_id, width, alpha, suppress_ids=(), penalty=1.0,
-    ngram=0,
+    ngram=0, n=None,
 ):  # fmt: skip
     steps = decoding_steps(model)
     batch = source.shape[0]
@@ -165,6 +167,10 @@ def reference_beam_search(
         if finished.all():
             break
     final = log_probs / ((5.0 + np.maximum(lengths, 1)) / 6.0) ** alpha
+    if n is not None:  # each example's n best final beams, best first: (B * n, T), (B * n,)
+        order = np.argsort(-final, axis=-1, kind="stable")[:, :n]
+        rows = np.arange(batch)[:, None]
+        return sequences[rows, order].reshape(batch * n, -1), final[rows, order].reshape(-1)
     choice = np.argmax(final, axis=-1)
     rows = np.arange(batch)
     return sequences[rows, choice], final[rows, choice]
@@ -287,3 +293,28 @@ def test_beam_search_bad_settings_and_an_empty_batch(seq2seq, cases):
         beam_search(cases("lm").model, PROMPTS, 3, None, 2, return_alignment=True)
     empty = beam_search(model, SOURCE[:0], 3, START, 2, return_scores=True, return_alignment=True)
     assert [a.shape for a in empty] == [(0, 3), (0,), (0, 3), (0, 3, SOURCE.shape[1])]
+
+
+def test_beam_search_returns_the_n_best_beams_best_first(case):
+    """`num_return_sequences=n`: each example's n best final beams (the NumPy reference's),
+    best first, the first today's output; their token scores the teacher-forced ones."""
+    one = case.search(beam_width=3)
+    tokens, sequence_scores, scores = case.search(
+        beam_width=3, num_return_sequences=3, return_scores=True
+    )
+    assert_equal_search((tokens, sequence_scores), case.reference(3, 0.6, n=3))
+    assert_equal_search((tokens[::3], sequence_scores[::3]), one)
+    assert np.all(np.diff(sequence_scores.reshape(-1, 3), axis=1) <= 0)  # best first
+    repeated = types.SimpleNamespace(  # each row's own example, for the recompute
+        model=case.model, inputs=np.repeat(case.inputs, 3, axis=0), lm=case.lm, end=case.end
+    )
+    np.testing.assert_allclose(scores, teacher_forced_scores(repeated, tokens), atol=1e-5)
+    if case.lm:  # `generate`'s beam: the same rows
+        beams = generate(case.model, PROMPTS, LENGTH, case.end, sampler="beam", beam_width=3,
+                         num_return_sequences=2)  # fmt: skip
+        np.testing.assert_array_equal(beams, tokens.reshape(3, 3, -1)[:, :2].reshape(6, -1))
+
+
+def test_more_sequences_than_beams_raises_naming_both(seq2seq):
+    with pytest.raises(ValueError, match="num_return_sequences=5, beam_width=4"):
+        seq2seq.search(beam_width=4, num_return_sequences=5)

@@ -1,6 +1,7 @@
-"""`keras_attn._execution.call_layer`: the decoders' layer calls skip Keras' `__call__` on torch
-only where that changes nothing (inside `no_gradients()`, built layers, no conversion, no mask
-to fill, ...), and every other call goes through it. Each case is compared with `layer(...)`."""
+"""`keras_attn._execution.plain_calls` (opened by `no_gradients(model)`, the decoders' loops):
+the layers' calls skip Keras' `__call__` on torch only where that changes nothing (inside
+`no_gradients()`, built layers, no conversion, no mask to fill, ...), and every other call goes
+through it. Each case is compared with Keras' own call of the layer."""
 
 import keras
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from keras.src.backend.common.masking import get_keras_mask, set_keras_mask
 
 from keras_attn import _execution
-from keras_attn._execution import call_layer, no_gradients
+from keras_attn._execution import no_gradients
 
 TORCH = keras.backend.backend() == "torch"
 
@@ -43,12 +44,20 @@ def test_inside_no_gradients_a_plain_call_skips_keras_call_on_torch_only(keras_c
     x = keras.random.normal((2, 5, 4), seed=1)
     expected = _np(layer(x))
     keras_calls.clear()
-    with no_gradients():
-        out = call_layer(layer, x)
+    with no_gradients(layer):
+        out = layer(x)
     np.testing.assert_array_equal(_np(out), expected)
     assert keras_calls == ([] if TORCH else ["Dense"])
+    assert type(layer) is keras.layers.Dense  # its own class again
     keras_calls.clear()
-    np.testing.assert_array_equal(_np(call_layer(layer, x)), expected)  # outside: Keras' call
+    np.testing.assert_array_equal(_np(layer(x)), expected)  # after the context: Keras' call
+    assert keras_calls == ["Dense"]
+    with no_gradients():  # the loop did not name it: Keras' call
+        np.testing.assert_array_equal(_np(layer(x)), expected)
+    assert keras_calls == ["Dense"] * 2
+    keras_calls.clear()
+    with _execution.plain_calls(layer):  # outside `no_gradients()`: Keras' call
+        np.testing.assert_array_equal(_np(layer(x)), expected)
     assert keras_calls == ["Dense"]
 
 
@@ -60,9 +69,12 @@ def test_every_case_keras_call_would_change_goes_through_it(keras_calls):
 
     def through_keras(layer, *args, **kwargs):
         keras_calls.clear()
-        with no_gradients():
-            out = call_layer(layer, *args, **kwargs)
-        assert keras_calls == [type(layer).__name__]
+        with no_gradients(layer):
+            out = layer(*args, **kwargs)
+        # The layer's call first; its sublayers' (an attention's projections) after it go
+        # through Keras too: an outer Keras `__call__` hands them its call context.
+        assert keras_calls[:1] == [type(layer).__name__]
+        assert set(keras_calls[1:]) <= {"MatmulEinsumDense"}
         return out
 
     keras.utils.set_random_seed(0)
@@ -128,12 +140,14 @@ def test_the_output_mask_is_keras_own_and_a_quantized_layer_runs_its_quantized_c
     set_keras_mask(masked, valid)
     dense = _built_dense()
     keras_calls.clear()
-    with no_gradients():
-        out = call_layer(dense, masked)  # Dense passes its input's mask on
-        tokens = keras.ops.convert_to_tensor(np.array([[3, 0, 5]], "int32"))
-        embedding = keras.layers.Embedding(9, 4, mask_zero=True)
-        embedded = call_layer(embedding, tokens[:, :1])
-        from_tokens = call_layer(embedding, tokens)  # Embedding's `compute_mask`: tokens != 0
+    tokens = keras.ops.convert_to_tensor(np.array([[3, 0, 5]], "int32"))
+    embedding = keras.layers.Embedding(9, 4, mask_zero=True)
+    with no_gradients(dense):
+        out = dense(masked)  # Dense passes its input's mask on
+    with no_gradients(embedding):
+        embedded = embedding(tokens[:, :1])
+    with no_gradients(embedding):
+        from_tokens = embedding(tokens)  # Embedding's `compute_mask`: tokens != 0
     assert keras_calls == ["Embedding"]  # its first call builds it; the rest skip `__call__`
     assert embedded.shape == (1, 1, 4)
     np.testing.assert_array_equal(_np(get_keras_mask(out)), _np(valid))
@@ -144,15 +158,15 @@ def test_the_output_mask_is_keras_own_and_a_quantized_layer_runs_its_quantized_c
     quantized.quantize("int8")
     expected = _np(quantized(x))
     keras_calls.clear()
-    with no_gradients():
-        out = call_layer(quantized, x)
+    with no_gradients(quantized):
+        out = quantized(x)
     assert keras_calls == []
     np.testing.assert_array_equal(_np(out), expected)
     assert np.abs(expected - _np(dense(x))).max() > 0  # the int8 kernel, not the float one
 
 
 def _lm_step():
-    """A language model's cached step after a prefill: `run()` -> its logits and last cache."""
+    """A language model and its cached step after a prefill: `run()` -> its logits and cache."""
     from keras_attn.models import transformer_lm
     from keras_attn.models.transformer_lm import LanguageModelSteps
 
@@ -161,11 +175,11 @@ def _lm_step():
     steps = LanguageModelSteps(model)
     prompts = np.array([[0, 5, 6, 7], [8, 9, 3, 4]], "int32")  # left padding in the first row
     state = steps.start(prompts, 4)
-    return lambda: steps.step(keras.ops.convert_to_tensor([7, 4]), 0, state)
+    return model, lambda: steps.step(keras.ops.convert_to_tensor([7, 4]), 0, state)
 
 
 def _seq2seq_step():
-    """A seq2seq model's second cached step, with the alignment (cross-attention weights)."""
+    """A seq2seq model and its second cached step, with the alignment (cross-attention weights)."""
     from keras_attn.models import transformer_seq2seq
     from keras_attn.models.transformer_seq2seq import TransformerDecodingSteps
 
@@ -176,16 +190,18 @@ def _seq2seq_step():
     source = np.array([[5, 6, 7, 0], [8, 9, 3, 4]], "int32")  # right padding in the first row
     state = steps.start(source, 3)
     _, state = steps.step(keras.ops.convert_to_tensor([1, 1]), 0, state)
-    return lambda: steps.step(keras.ops.convert_to_tensor([7, 4]), 1, state, return_alignment=True)
+    return model, lambda: steps.step(
+        keras.ops.convert_to_tensor([7, 4]), 1, state, return_alignment=True
+    )
 
 
 @pytest.mark.parametrize("make_step", [_lm_step, _seq2seq_step], ids=["lm", "seq2seq"])
 def test_a_decoding_step_is_the_same_through_keras_call(monkeypatch, keras_calls, make_step):
     with no_gradients():
-        step = make_step()
+        model, step = make_step()
 
     def run():
-        with no_gradients():
+        with no_gradients(model):  # as the decoding loops run a model's steps
             keras_calls.clear()
             logits, state, *alignment = step()
             caches = state.caches if hasattr(state, "caches") else state.self_attention_caches
@@ -198,3 +214,37 @@ def test_a_decoding_step_is_the_same_through_keras_call(monkeypatch, keras_calls
         np.testing.assert_array_equal(a, b)
     assert len(keras_only) >= 2 * 9  # every block's sublayers, the blocks, embeddings, norm
     assert plain_calls == ([] if TORCH else keras_only)
+
+
+@pytest.mark.skipif(not TORCH, reason="the shortcut is torch's: elsewhere every call is Keras'")
+def test_every_decoding_loop_runs_its_steps_without_keras_call(keras_calls):
+    """Each loop opens `no_gradients(model)`: a step calls no Keras `__call__`, so the calls of
+    a decode do not grow with the number of steps (what the prefill or encoder calls stays)."""
+    from keras_attn.models import (
+        beam_search,
+        generate,
+        greedy_decode,
+        transformer_lm,
+        transformer_seq2seq,
+    )
+
+    keras.utils.set_random_seed(0)
+    lm = transformer_lm(30, num_layers=2, d_model=16, intermediate_dim=32, dropout=0.0)
+    s2s = transformer_seq2seq(20, 30, num_layers=2, num_heads=2, d_model=16,
+                              intermediate_dim=32, dropout=0.0)  # fmt: skip
+    prompts = np.array([[0, 5, 6, 7], [8, 9, 3, 4]], "int32")
+    decodes = {
+        "generate": lambda n: generate(lm, prompts, n, jit_compile=False),
+        "stream": lambda n: list(generate(lm, prompts, n, jit_compile=False, stream=True)),
+        "beam": lambda n: beam_search(lm, prompts, n, end_id=29),
+        "greedy_decode": lambda n: greedy_decode(s2s, prompts, n, start_id=1),
+        "beam_seq2seq": lambda n: beam_search(s2s, prompts, n, start_id=1, end_id=29),
+    }
+    for name, decode in decodes.items():
+        decode(1)  # builds what a first call builds
+        counts = []
+        for steps in (1, 3):
+            keras_calls.clear()
+            decode(steps)
+            counts.append(len(keras_calls))
+        assert counts[0] == counts[1], (name, counts)

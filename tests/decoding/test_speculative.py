@@ -182,6 +182,10 @@ def test_bad_arguments(models):
         generate(target, PROMPTS, 4, draft_model=other)
     with pytest.raises(ValueError, match="draft_model.*sampler='beam'"):
         generate(target, PROMPTS, 4, draft_model=shared, sampler="beam", end_id=2)
+    with pytest.raises(ValueError, match="draft_model.*sampler='contrastive'"):
+        generate(target, PROMPTS, 4, draft_model=shared, sampler="contrastive", top_k=4)
+    with pytest.raises(ValueError, match="draft_model.*num_return_sequences=2"):
+        generate(target, PROMPTS, 4, draft_model=shared, sampler="sample", num_return_sequences=2)
     with pytest.raises(ValueError, match="draft_model.*transformer_lm"):
         generate(target, PROMPTS, 4, draft_model="small")
     for bad in (0, -1, 1.5, True):

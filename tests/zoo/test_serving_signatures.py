@@ -328,3 +328,32 @@ def test_predict_takes_the_repetition_controls_and_max_length(language_model, tm
         assert status == 2 and named in err and received in err, err
     with pytest.raises(ValueError, match="max_length"):
         text_model.continue_ids(PROMPTS, max_length=MAX_LENGTH + 1)
+
+
+@pytest.mark.tensorflow_only
+def test_an_export_with_num_return_sequences_samples_what_python_samples(language_model, tmp_path):
+    """`export_text(path, num_return_sequences=2)`: `generate` gives each prompt's 2 rows,
+    Python's `generate(..., num_return_sequences=2)` (sample `j` from `seed + j`)."""
+    import tensorflow as tf
+
+    from keras_attn.models import generate
+
+    text_model, _ = language_model
+    with pytest.raises(ValueError, match="`num_return_sequences` must be a positive integer"):
+        text_model.export_text(str(tmp_path / "bad"), num_return_sequences=0)
+    text_model.export_text(str(tmp_path / "n2"), num_return_sequences=2)
+    signature = tf.saved_model.load(str(tmp_path / "n2")).signatures["generate"]
+    settings = dict(max_length=5, temperature=1.0, top_k=4, top_p=1.0, seed=-7)
+    out = signature(
+        text=tf.constant(PROMPTS), repetition_penalty=tf.constant(1.0),
+        **{k: tf.constant(v, tf.float32 if isinstance(v, float) else tf.int32)
+           for k, v in settings.items()},
+    )  # fmt: skip
+    prompts = np.asarray(text_model.prompt_ids(PROMPTS))
+    tokens, scores = generate(
+        text_model.language_model, prompts, 5, END, suppress_ids=(1,), sampler="sample",
+        top_k=4, seed=-7, num_return_sequences=2, return_scores=True, jit_compile=False,
+    )  # fmt: skip
+    assert out["text"].shape == (2 * len(PROMPTS),) and tokens.shape == (2 * len(PROMPTS), 5)
+    np.testing.assert_array_equal(out["tokens"], tokens)
+    np.testing.assert_allclose(out["scores"], scores, atol=1e-5)
