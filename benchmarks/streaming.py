@@ -77,7 +77,8 @@ def main(argv=None):
         settings = dict(
             max_length=tf.constant(args.new), temperature=tf.constant(0.0),
             top_k=tf.constant(0), top_p=tf.constant(1.0), seed=tf.constant(0),
-            repetition_penalty=tf.constant(1.0),
+            repetition_penalty=tf.constant(1.0), stop_sequences=tf.constant([], tf.string),
+            min_new_tokens=tf.constant(0),
         )  # fmt: skip
         generate, prefill = loaded.signatures["generate"], loaded.signatures["prefill"]
         decode_step = loaded.signatures["decode_step"]

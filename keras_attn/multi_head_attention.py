@@ -32,7 +32,16 @@ from keras_attn.arguments import (
     dim,
     serialize_optional_layer,
 )
-from keras_attn.cache import KVCache, RingKVCache, as_kv_cache, ring_update, write
+from keras_attn.cache import (
+    Int8Heads,
+    KVCache,
+    RingKVCache,
+    as_kv_cache,
+    dequantize,
+    map_cache,
+    ring_update,
+    write,
+)
 from keras_attn.layer_io import AttentionLayer, prepare_query, zero_unseen_rows
 from keras_attn.matmul_einsum_dense import MatmulEinsumDense
 from keras_attn.multi_head_shapes import (
@@ -484,15 +493,20 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
     def empty_cache(self, batch_size, length, dtype=None):
         """A self-attention `KVCache` of `length` zero positions (none valid), in the compute dtype.
 
-        Keys `(B, g, length, key_dim)`, values `(B, g, length, value_dim)`.
+        Keys `(B, g, length, key_dim)`, values `(B, g, length, value_dim)`. With
+        `dtype="int8"` they are `keras_attn.cache.Int8Heads`: int8 with a float32
+        scale per position and head, quantized as they are written and read back
+        in the compute dtype before the attention (within `max|x| / 254` of each
+        key or value, `max` over its head vector).
         """
         kv_heads = self.num_key_value_heads or self.num_heads
         dtype = dtype or self.compute_dtype
-        return KVCache(
-            ops.zeros((batch_size, kv_heads, length, self.key_dim), dtype),
-            ops.zeros((batch_size, kv_heads, length, self.value_dim), dtype),
-            ops.zeros((batch_size, length), "bool"),
-        )
+        shapes = ((batch_size, kv_heads, length, d) for d in (self.key_dim, self.value_dim))
+        if dtype == "int8":
+            key, value = (Int8Heads.zeros(shape) for shape in shapes)
+        else:
+            key, value = (ops.zeros(shape, dtype) for shape in shapes)
+        return KVCache(key, value, ops.zeros((batch_size, length), "bool"))
 
     def call(
         self,
@@ -737,6 +751,8 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 cache, in_range = write(cache, cache_update_index, k, v, key_padding_mask)
                 k, v, key_padding_mask = cache.key, cache.value, cache.valid  # (B, g, S, d), (B, S)
                 start = cache_update_index
+        if isinstance(k, Int8Heads):  # an int8 cache: read in the compute dtype
+            k, v = dequantize(k, self.compute_dtype), dequantize(v, self.compute_dtype)
         rotation = 0 if cache_update_index is None else cache_update_index  # the first query's
         q = self._heads(self._rotate(self._query_dense(query), rotation))
         return ProjectedHeads(
@@ -899,5 +915,5 @@ class MultiHeadAttention(AttentionLayer, keras.layers.Layer):
                 shape = layout.scores_shape(query.shape, value.shape, self.num_heads)
             outputs.append(keras.KerasTensor(shape, dtype=self.compute_dtype))
         if cache is not None:
-            outputs.append(type(cache)(*(keras.KerasTensor(c.shape, c.dtype) for c in cache)))
+            outputs.append(map_cache(lambda c: keras.KerasTensor(c.shape, c.dtype), cache))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)

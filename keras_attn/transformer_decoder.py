@@ -6,7 +6,7 @@ from keras import ops
 from keras_attn import masks
 from keras_attn._typing import TensorLike
 from keras_attn.arguments import check_dim, check_rank
-from keras_attn.cache import KVCache, as_kv_cache, is_stacked, write, written_before
+from keras_attn.cache import KVCache, as_kv_cache, is_stacked, map_cache, write, written_before
 from keras_attn.transformer_block import BLOCK_ARGS, TransformerBlock, attention_results
 
 
@@ -382,7 +382,7 @@ class TransformerDecoder(TransformerBlock):
             caches.append(cross_attention_cache)
         for cache in caches:
             kind = type(cache) if isinstance(cache, KVCache) else KVCache  # a ring stays one
-            outputs.append(spec(cache) if is_stacked(cache) else kind(*map(spec, cache)))
+            outputs.append(spec(cache) if is_stacked(cache) else map_cache(spec, kind(*cache)))
         return tuple(outputs)
 
 

@@ -6,7 +6,8 @@
                           [--output DIR] ...
     keras-attn predict TASK [TEXT ...] [--runs-dir DIR] [--stream] [--temperature T]
                        [--top-k K] [--top-p P] [--seed S] [--repetition-penalty R]
-                       [--no-repeat-ngram-size N] [--max-length L]
+                       [--no-repeat-ngram-size N] [--max-length L] [--stop TEXT ...]
+                       [--min-new-tokens M] [--kv-cache-dtype float|int8]
     keras-attn export transformer-lm --format transformers DIR [--runs-dir DIR]
 
 A command's options may come before, between or after its positional arguments.
@@ -262,6 +263,21 @@ def _parser():
         "--max-length", type=int,
         help="transformer-lm: the most new tokens (default and largest: the run's)",
     )  # fmt: skip
+    predict.add_argument(
+        "--kv-cache-dtype", choices=["float", "int8"],
+        help="transformer-lm: the KV cache's keys and values in the model's dtype (float, "
+        "the default) or int8 with a scale per position and head",
+    )  # fmt: skip
+    predict.add_argument(
+        "--stop", action="append", metavar="TEXT",
+        help="transformer-lm: a stop string (repeat the flag for more): a text ends after "
+        "the first one it generates (kept); its words must be in the run's vocabulary",
+    )  # fmt: skip
+    predict.add_argument(
+        "--min-new-tokens", type=int,
+        help="transformer-lm: the end token and the stop strings' completion ruled out "
+        "until a text has this many new tokens (0: off)",
+    )  # fmt: skip
     export = commands.add_parser(
         "export",
         help="a trained language model as a Hugging Face folder",
@@ -297,6 +313,7 @@ def _export(args):
 
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
 _GENERATION_FLAGS = (*_SAMPLING_FLAGS, "repetition_penalty", "no_repeat_ngram_size", "max_length")
+_GENERATION_FLAGS += ("min_new_tokens", "stop", "kv_cache_dtype")
 
 
 def _generation(args):
@@ -315,9 +332,12 @@ def _generation(args):
                 sampler="sample", temperature=temperature, top_k=given["top_k"],
                 top_p=given["top_p"], seed=given["seed"],
             )  # fmt: skip
-        for name in ("repetition_penalty", "no_repeat_ngram_size"):
+        for name in ("repetition_penalty", "no_repeat_ngram_size", "min_new_tokens",
+                     "kv_cache_dtype"):  # fmt: skip
             if given[name] is not None:
                 settings[name] = given[name]
+        if given["stop"] is not None:  # spelled with the run's vocabulary once loaded
+            generation["stop"] = given["stop"]
         if settings:
             generation["config"] = GenerationConfig(**settings)
         if given["max_length"] is not None:  # the run's own bound: checked once loaded
@@ -384,8 +404,9 @@ def _predict(args):
             return 0
         for output in model.predict_text(texts, **generation):  # (settings: a language model's)
             print(output)
-    except ValueError as error:  # --max-length past the run's: checked before any output
-        message = str(error).replace("`max_length`", "--max-length")
+    except ValueError as error:  # --max-length past the run's, a --stop it cannot spell:
+        # checked before any output
+        message = str(error).replace("`max_length`", "--max-length").replace("`stop`", "--stop")
         print(f"keras-attn predict: error: {message}", file=sys.stderr)
         return 2
     return 0

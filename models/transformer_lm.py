@@ -401,9 +401,14 @@ class LanguageModelSteps:
         ring: `None` (rings where the blocks have a sliding window), or
             `False`: caches of every position (the full-cache path, e.g. as
             a reference); `True` requires a sliding window.
+        kv_cache_dtype: `None` or `"float"` (the caches in the model's compute
+            dtype), or `"int8"`: keys and values stored as int8 with a float32
+            scale per position and head (`keras_attn.cache.Int8Heads`), full
+            caches and rings alike.
 
     Raises:
-        ValueError: `ring=True` for a model without a sliding window.
+        ValueError: `ring=True` for a model without a sliding window; a
+            `kv_cache_dtype` other than those.
     """
 
     @staticmethod
@@ -411,7 +416,9 @@ class LanguageModelSteps:
         names = _layer_names(model)
         return {"token_embedding", "decoder_block_0"} <= names and "encoder_embedding" not in names
 
-    def __init__(self, model: keras.Model, ring: bool | None = None):
+    def __init__(
+        self, model: keras.Model, ring: bool | None = None, kv_cache_dtype: str | None = None
+    ):
         names = _layer_names(model)
         self.blocks, i = [], 0
         while f"decoder_block_{i}" in names:
@@ -439,6 +446,12 @@ class LanguageModelSteps:
                 f"built with `sliding_window`. Received: ring={ring}, sliding_window=None"
             )
         self.ring = self.sliding_window is not None if ring is None else ring
+        if kv_cache_dtype not in (None, "float", "int8"):
+            raise ValueError(
+                "`kv_cache_dtype` must be None, 'float' or 'int8'. "
+                f"Received: kv_cache_dtype={kv_cache_dtype!r}"
+            )
+        self.kv_cache_dtype = "int8" if kv_cache_dtype == "int8" else None  # None: compute's
 
     def _embed(self, tokens, positions):
         """`(B, T)` tokens at `(B, T)` positions -> `(B, T, d)`."""
@@ -500,9 +513,13 @@ class LanguageModelSteps:
         prompts = left_align(prompts, self.padding_id)  # (B, P)
         batch, length = ops.shape(prompts)[0], ops.shape(prompts)[1]
         if self.ring:
-            caches = [RingKVCache(*b.empty_cache(batch, self.sliding_window)) for b in self.blocks]
+            caches = [
+                RingKVCache(*b.empty_cache(batch, self.sliding_window, self.kv_cache_dtype))
+                for b in self.blocks
+            ]
         else:
-            caches = [b.empty_cache(batch, length - 1 + max_length) for b in self.blocks]
+            size = length - 1 + max_length
+            caches = [b.empty_cache(batch, size, self.kv_cache_dtype) for b in self.blocks]
         positions = TokenPositions(self.padding_id)(prompts)  # (B, P)
         context = prompts[:, :-1]  # (B, P - 1)
         hidden = None

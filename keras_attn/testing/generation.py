@@ -46,7 +46,8 @@ def assert_generation_batch_invariance(
         **settings: more settings of `generate` (`sampler`, `top_k`, `penalty_alpha`,
             `num_return_sequences` ...; default greedy). With `num_return_sequences=n` each
             prompt's `n` rows are compared with its `n` rows alone (a seeded `"sample"`'s
-            rows too: sample `j` draws from `seed + j`, whatever the batch).
+            rows too: sample `j` draws from `seed + j`, whatever the batch); also
+            `stop_sequences`, `min_new_tokens`, `repetition_penalty` ...
 
     Returns:
         None.

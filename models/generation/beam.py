@@ -165,7 +165,7 @@ def beam_search(
         https://arxiv.org/abs/1609.08144 (length penalty)
     """
     config, _ = config_from(config, _POSITIONAL, args, settings, "beam_search", sampler="beam")
-    steps = decoding_steps(model)
+    steps = decoding_steps(model, config.kv_cache_dtype)
     max_length = check_setting("max_length", max_length)
     config.check_vocabulary(decoder_vocab_size(steps, model))
     if config.end_id is None:
@@ -252,7 +252,9 @@ def beam_search_loop(
     (2, 4) (2,) None
     """
     config, _ = config_from(config, _POSITIONAL, args, settings, "beam_search_loop", sampler="beam")
-    decode = DecodingLoop(steps or decoding_steps(model), config, tensors=tensors)
+    decode = DecodingLoop(
+        steps or decoding_steps(model, config.kv_cache_dtype), config, tensors=tensors
+    )
     width, alpha = config.beam_width, config.length_penalty
     source = ops.convert_to_tensor(encoder_inputs, "int32")
     batch = ops.shape(source)[0]

@@ -22,6 +22,7 @@ from keras_attn.arguments import is_int
 
 FLOAT32_MAX = float(np.finfo("float32").max)
 SAMPLERS = ("greedy", "sample", "beam", "contrastive")
+KV_CACHE_DTYPES = ("float", "int8")
 
 
 def _number(value) -> bool:
@@ -34,7 +35,7 @@ class Rule:
 
     Args:
         kind: the Python values it takes: `"int"`, `"number"`, `"flag"` (a bool), `"ids"`
-            (token ids), `"choice"` (one of `choices`).
+            (token ids), `"choice"` (one of `choices`), `"sequences"` (token-id sequences).
         must: what the value must be, in words: the error reads "`name` must be {must}.
             Received: name=value".
         holds: `holds(value, isfinite) -> bool` (a bool tensor for a tensor value): the
@@ -43,6 +44,7 @@ class Rule:
         exported: the dtype of the scalar an exported `generate` takes it as (None: not
             exported; there 0 stands for an integer's None, 1 for a fraction's).
         choices: for `"choice"`.
+        shape: the shape of the tensor an exported `generate` takes it as (`()`: a scalar).
     """
 
     kind: str
@@ -51,6 +53,7 @@ class Rule:
     optional: bool = False
     exported: str | None = None
     choices: tuple = ()
+    shape: tuple = ()
 
     def message(self, name: str, value: Any) -> str:
         return f"`{name}` must be {self.must}. Received: {name}={value!r}"
@@ -67,7 +70,7 @@ class Rule:
             valid = isinstance(value, bool | np.bool_)
         elif self.kind == "choice":
             valid = isinstance(value, str) and value in self.choices
-        else:  # token ids: checked by `check_suppress_ids`
+        else:  # token ids: checked by `check_suppress_ids`, `check_stop_sequences`
             valid = True
         if valid and self.holds is not None:
             valid = bool(self.holds(value, math.isfinite))
@@ -123,6 +126,19 @@ RULES = {
     "penalty_alpha": Rule(
         "number", "a number in [0, 1]", lambda x, finite: finite(x) & (x >= 0) & (x <= 1)
     ),
+    "kv_cache_dtype": Rule(
+        "choice", "None, 'float' or 'int8'", optional=True, choices=KV_CACHE_DTYPES
+    ),
+    # An exported `generate` takes the stop sequences as strings, each spelled with the text
+    # model's vocabulary into token ids (`keras_attn.models.text`).
+    "stop_sequences": Rule(
+        "sequences", "a sequence of non-empty sequences of token ids (e.g. [[5, 6], [2]])",
+        exported="string", shape=(None,),
+    ),
+    "min_new_tokens": Rule(
+        "int", "a non-negative integer (0 = off)", lambda x, finite: x >= 0, optional=True,
+        exported="int32",
+    ),
     "num_speculative_tokens": Rule(
         "int", "None or a positive integer (a draft model's tokens per round)",
         lambda x, finite: x >= 1, optional=True,
@@ -159,6 +175,16 @@ class GenerationConfig:
             best first. `"greedy"` and `"contrastive"` (deterministic) take 1 only.
         penalty_alpha: of `"contrastive"` (contrastive search among the `top_k` most
             likely tokens): the weight of the degeneration penalty, in `[0, 1]` (0 is greedy).
+        kv_cache_dtype: None or `"float"` (kept as None): the KV caches in the model's
+            compute dtype; `"int8"`: keys and values stored as int8 with a float32 scale
+            per position and head (`keras_attn.cache.Int8Heads`), read back before the
+            attention (a language model's caches).
+        stop_sequences: token-id sequences (kept as a sorted tuple of tuples): a row stops
+            at the first one its new tokens complete (kept), padded with 0 after it, as at
+            `end_id`; a sequence begun in the prompt does not count.
+        min_new_tokens: 0 (off; None too) or `m`: `end_id`, and a token that would complete
+            a stop sequence, are ruled out while a row has fewer than `m` new tokens
+            (Hugging Face's `min_new_tokens`).
         num_speculative_tokens: of speculative decoding (`generate(..., draft_model=)`):
             the tokens the draft proposes per round (None: 4).
 
@@ -186,6 +212,9 @@ class GenerationConfig:
     return_alignment: bool = False
     num_return_sequences: int = 1
     penalty_alpha: float = 0.6
+    kv_cache_dtype: str | None = None
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    min_new_tokens: int = 0
     num_speculative_tokens: int | None = None
 
     def __post_init__(self):
@@ -193,6 +222,8 @@ class GenerationConfig:
             value = getattr(self, field.name)
             if field.name == "suppress_ids":
                 value = check_suppress_ids(value)
+            elif field.name == "stop_sequences":
+                value = check_stop_sequences(value)
             else:
                 value = RULES[field.name].check(field.name, value)
             object.__setattr__(self, field.name, value)
@@ -202,6 +233,10 @@ class GenerationConfig:
             object.__setattr__(self, "repetition_penalty", 1.0)
         if self.no_repeat_ngram_size is None:
             object.__setattr__(self, "no_repeat_ngram_size", 0)
+        if self.min_new_tokens is None:
+            object.__setattr__(self, "min_new_tokens", 0)
+        if self.kv_cache_dtype == "float":
+            object.__setattr__(self, "kv_cache_dtype", None)
         self._check_return_sequences()
 
     def _check_return_sequences(self):
@@ -257,9 +292,11 @@ class GenerationConfig:
 
     def check_vocabulary(self, vocab_size: int | None) -> "GenerationConfig":
         """`self`, or `ValueError` naming a `start_id`, `end_id` or `suppress_ids` outside
-        `[1, vocab_size)` (`[0, vocab_size)` for `suppress_ids`); None: not known."""
+        `[1, vocab_size)` (`[0, vocab_size)` for `suppress_ids` and `stop_sequences`); None:
+        not known."""
         check_lengths(1, self.start_id, self.end_id, vocab_size)
         check_suppress_ids(list(self.suppress_ids), vocab_size)  # (named as a list of ids)
+        check_stop_sequences(self.stop_sequences, vocab_size)
         return self
 
 
@@ -314,6 +351,47 @@ def check_suppress_ids(
             f"Received: suppress_ids={suppress_ids!r}"
         )
     return values
+
+
+def check_stop_sequences(
+    stop_sequences: Sequence[Sequence[int]], vocab_size: int | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """`stop_sequences` as a sorted tuple of tuples of Python ints (NumPy ones taken; each
+    sequence once), or `ValueError` naming it.
+
+    A list or tuple of sequences (lists, tuples, 1-D arrays), each of at least one token id
+    in `[0, vocab_size)` (when `vocab_size` is given; 0 is a token of a model whose every id
+    is one, `padding_id=-1`, and never generated by another). A flat list of ids is not
+    taken: `[[5, 6]]` is the sequence 5 6, `[[5], [6]]` two sequences.
+
+    Example:
+
+    >>> check_stop_sequences([[7, 8], np.array([3]), (7, 8)])
+    ((3,), (7, 8))
+    """
+    values = stop_sequences
+    if isinstance(values, np.ndarray):
+        values = list(values) if values.ndim == 2 else None
+    sequences = []
+    in_range = f" in [0, vocab_size{'' if vocab_size is None else f'={vocab_size}'})"
+    valid = isinstance(values, list | tuple)
+    for sequence in values if valid else ():
+        if isinstance(sequence, np.ndarray):
+            sequence = sequence.tolist() if sequence.ndim == 1 else None
+        if (
+            not isinstance(sequence, list | tuple)
+            or not sequence
+            or not all(is_int(v) and 0 <= v < (vocab_size or np.inf) for v in sequence)
+        ):
+            valid = False
+            break
+        sequences.append(tuple(int(v) for v in sequence))
+    if not valid:
+        raise ValueError(
+            f"`stop_sequences` must be {RULES['stop_sequences'].must}{in_range}. "
+            f"Received: stop_sequences={stop_sequences!r}"
+        )
+    return tuple(sorted(set(sequences)))
 
 
 def check_repetition_penalty(value: float | None) -> float:

@@ -190,7 +190,7 @@ def decode_model(
 ):  # fmt: skip
     """`greedy_decode` / `sample_decode` for a checked `config`: the checks that need the
     model, then the loop; their return value (`returned`)."""
-    steps = steps or decoding_steps(model)
+    steps = steps or decoding_steps(model, config.kv_cache_dtype)
     max_length, _, _ = check_lengths(max_length, None, None)
     config.check_vocabulary(decoder_vocab_size(steps, model))
     if config.return_alignment:

@@ -146,12 +146,14 @@ def seq2seq_archive(model, max_length, start_id, end_id=None):
 
 
 def generation_specs() -> list:
-    """The `generate` signature's inputs: `text` `(B,)` and the scalar settings, by name
-    (`GenerationConfig.exported()`, each of its rule's dtype)."""
+    """The `generate` signature's inputs: `text` `(B,)` and the settings, by name
+    (`GenerationConfig.exported()`, each of its rule's dtype and shape: scalars, and the
+    `stop_sequences` strings `(N,)`)."""
     import tensorflow as tf
 
     settings = [
-        tf.TensorSpec((), RULES[name].exported, name=name) for name in GenerationConfig.exported()
+        tf.TensorSpec(RULES[name].shape, RULES[name].exported, name=name)
+        for name in GenerationConfig.exported()
     ]
     return [tf.TensorSpec((None,), tf.string, name="text"), *settings]
 
@@ -208,7 +210,9 @@ def sampled_generation(steps, source, config: GenerationConfig, limit: int, **se
     (`checked_settings`, `max_length` at most `limit`): `config`'s fixed settings (its ids,
     `suppress_ids`, `num_return_sequences`: `n` rows a prompt), `sample_tokens` on the
     tensors' temperature, top-k and top-p, drawing from `seed` (`uniform_draws`); returns the
-    `Decoded` tokens and scores."""
+    `Decoded` tokens and scores. A
+    `stop_sequences` setting is token ids, int32 `(N, L)` padded with -1 (the text models
+    spell the signature's strings: `keras_attn.models.text`)."""
     import tensorflow as tf
 
     settings = checked_settings(limit, **settings)

@@ -113,6 +113,10 @@ def generate(
             controls, the temperature, top-k and top-p), 0.0 after a row's end. For
             `"beam"`, the chosen sequence's per-token log-probabilities.
         stream: return an iterator of each step's tokens (not with `"beam"`).
+        kv_cache_dtype: None or `"float"` (the model's compute dtype), or `"int8"`: the
+            KV caches (full or ring) hold int8 keys and values with a float32 scale per
+            position and head, quantized as written and read back before the attention
+            (4 bytes less per number; see `keras_attn.cache.Int8Heads`). Keyword only.
         config: a `GenerationConfig` holding the settings (None: from the keywords).
         num_return_sequences: `n` continuations per prompt (`"sample"`: `n` draws, sample
             `j` of a prompt drawing what the prompt alone draws with `seed + j`, in any
@@ -128,6 +132,13 @@ def generate(
             `B * top_k` candidates a step, and needs one position past the last output (a
             learned-position model: `P + max_length` at most its `sequence_length`). It
             streams.
+        stop_sequences: token-id sequences (e.g. `[[13, 9], [4]]`; keyword only): a row
+            ends after the first one its new tokens complete (kept, 0 after it, as at
+            `end_id`; one begun in the prompt does not count). Beam search finishes a
+            hypothesis that completes one.
+        min_new_tokens: 0 (off) or `m` (keyword only): `end_id`, and a token that would
+            complete a stop sequence, are ruled out while a row has fewer than `m` new
+            tokens (Hugging Face's `min_new_tokens`).
         draft_model: a smaller `transformer_lm` of the same vocabulary: speculative decoding
             (`keras_attn.models.generation.speculative`: the draft proposes
             `num_speculative_tokens` tokens (a config field; None: 4), the target verifies
@@ -198,7 +209,7 @@ def generate(
             "a language model has none. Received: return_alignment=True"
         )
     prompts = np.asarray(ops.convert_to_numpy(prompts))
-    steps = LanguageModelSteps(model)
+    steps = LanguageModelSteps(model, kv_cache_dtype=config.kv_cache_dtype)
     max_length = check_setting("max_length", max_length)
     config.check_vocabulary(steps.vocab_size)
     positions = max_length + (config.sampler == "contrastive")  # one more: the last candidates
@@ -243,7 +254,7 @@ def generate(
 
     def decoding_loop(uniform, steps=None):
         """The loop drawing from `uniform` (a traced argument: never a constant of the trace)."""
-        steps = steps or LanguageModelSteps(model_ref())
+        steps = steps or LanguageModelSteps(model_ref(), kv_cache_dtype=config.kv_cache_dtype)
         loop = ContrastiveLoop if config.sampler == "contrastive" else DecodingLoop
         return loop(steps, config, token_chooser(config, uniform))
 
@@ -310,8 +321,8 @@ def _stream(model, prefill, step, prompts, uniform, max_length, config):
             tokens = np.asarray(ops.convert_to_numpy(carry.tokens))
             if config.return_scores:
                 scores = np.asarray(ops.convert_to_numpy(carry.scores[:, index]))
-            if config.end_id is not None:
-                ended |= tokens == config.end_id
+            if config.end_id is not None or config.stop_sequences:
+                ended |= np.asarray(ops.convert_to_numpy(carry.finished))
         yield (tokens, scores) if config.return_scores else tokens
 
 

@@ -17,7 +17,7 @@ from keras_attn._typing import TensorLike
 
 from ..transformer_lm import left_align
 from .config import GenerationConfig
-from .processors import logits_processors
+from .processors import StopSequences, logits_processors
 from .samplers import token_chooser
 from .steps import alignment_step, first_tokens
 
@@ -31,7 +31,7 @@ class Carry(NamedTuple):
         tokens: int32 `(B,)`, the tokens fed at the next step.
         outputs: int32 `(B, max_length)`, the tokens chosen so far (0 after a row's end and
             where not written yet).
-        finished: bool `(B,)`, the rows that emitted `end_id`.
+        finished: bool `(B,)`, the rows that emitted `end_id` or completed a stop sequence.
         state: the decoding steps' state.
         before: int32 `(B, K)`, what a row holds before its outputs (a language model's
             prompt, a seq2seq decoder's start token), where a logits processor reads the
@@ -100,6 +100,7 @@ class DecodingLoop:
         self.processors = logits_processors(config, tensors, self.padding_id)
         self.needs_history = any(p.needs_history for p in self.processors)
         self._steps_step = alignment_step(steps) if config.return_alignment else steps.step
+        self.stops = StopSequences.of(config, tensors)  # None: no stop sequences
 
     def start(self, encoder_inputs: TensorLike, max_length) -> Carry:
         """The carry before the first step: the `(B,)` tokens fed first, the `(B, max_length)`
@@ -149,7 +150,8 @@ class DecodingLoop:
     def record(self, carry: Carry, index, tokens, state, scores=None, alignment=None) -> Carry:
         """The carry after the `index`-th tokens `(B,)`: written to the outputs, with their
         `scores` `(B,)` and `alignment` `(B, S)` where asked (0 for a row finished before),
-        the new `state`, and the rows that emitted `end_id` finished."""
+        the new `state`, and the rows that emitted `end_id` or whose new tokens now end with
+        a stop sequence (`config.stop_sequences`) finished."""
         finished = carry.finished
         new = {"tokens": tokens, "outputs": write(carry.outputs, index, tokens), "state": state}
         if self.config.return_scores:
@@ -159,6 +161,9 @@ class DecodingLoop:
             new["alignment"] = write(carry.alignment, index, alignment)
         if self.config.end_id is not None:
             new["finished"] = ops.logical_or(finished, ops.equal(tokens, self.config.end_id))
+        if self.stops is not None:
+            ended = self.stops.ended(new["outputs"], index)
+            new["finished"] = ops.logical_or(new.get("finished", finished), ended)
         return carry._replace(**new)
 
     def step(self, index, carry: Carry) -> Carry:

@@ -3,13 +3,14 @@
 Each is one object, `processor.apply(logits (B, V), index, history, length) -> logits`,
 built from the `GenerationConfig` (`logits_processors`): padding and `suppress_ids` ruled out
 (`RuleOut`), CTRL's repetition penalty (`RepetitionPenalty`), no-repeat n-grams
-(`NoRepeatNgram`). `index` is the step (the number of new tokens so far), `history` a row's
-tokens so far `(B, K + T)` (a language model's prompt or a seq2seq decoder's start token,
-then the outputs, 0 where not written yet) and `length` how many of them count
-(`K + index`); a processor that reads the history says so (`needs_history`: else the two are
-None). A new control is a config field and one processor here (`logits_processors`). (A
-method, not `__call__`: AutoGraph, which converts the loops `tf.function` compiles, cannot
-call an object.)
+(`NoRepeatNgram`), Hugging Face's `min_new_tokens` (`MinNewTokens`, on `end_id` and the
+`StopSequences`, which the loop also reads to end a row). `index` is the step (the number
+of new tokens so far), `history` a row's tokens so far `(B, K + T)` (a language model's
+prompt or a seq2seq decoder's start token, then the outputs, 0 where not written yet) and
+`length` how many of them count (`K + index`); a processor that reads the history says so
+(`needs_history`: else the two are None). A new control is a config field and one processor
+here (`logits_processors`). (A method, not `__call__`: AutoGraph, which converts the loops
+`tf.function` compiles, cannot call an object.)
 
 Everything is `keras.ops` on fixed shapes, so it runs eagerly, inside `tf.function` (XLA too)
 and `jax.jit`; `penalty` and `length` may be scalar tensors (a SavedModel's per-request
@@ -86,6 +87,10 @@ def logits_processors(
         processors.append(RepetitionPenalty(penalty))
     if config.no_repeat_ngram_size:
         processors.append(NoRepeatNgram(config.no_repeat_ngram_size))
+    stops = StopSequences.of(config, tensors)
+    minimum = tensors.get("min_new_tokens", config.min_new_tokens)
+    if not _is_off(minimum, 0) and (config.end_id is not None or stops is not None):
+        processors.append(MinNewTokens(minimum, config.end_id, stops))
     return processors
 
 
@@ -231,3 +236,96 @@ def banned_ngram_tokens(
         same = ops.all(ops.equal(windows[:, :, :-1], ops.expand_dims(last, 1)), axis=-1)
         counts = ops.logical_and(counts, same)  # (B, W)
     return _token_mask(windows[:, :, -1], counts, vocab_size)
+
+
+class StopSequences:
+    """A config's `stop_sequences` as tensors: where a row's new tokens end with one
+    (`ended`: the loop finishes the row), and which token would complete one
+    (`completing`: `MinNewTokens` rules it out under the minimum).
+
+    Args:
+        ids: int32 `(N, L)`: the `N` sequences, each padded at its end with -1 (no token id
+            is negative, so 0 stays a token of a `padding_id=-1` model).
+        lengths: int32 `(N,)`: each one's number of tokens (>= 1).
+
+    `of(config, tensors)` builds them from `config.stop_sequences` (constants of the trace)
+    or from a tensor `tensors["stop_sequences"]` in the `ids` layout (an exported model's
+    per-request stop strings, spelled with its vocabulary; `N` may be 0); None when there
+    are none.
+
+    Example: a row whose new tokens are `4 7 8` has ended on the sequence `7 8`; after
+    `4 7`, an 8 would complete it.
+
+    >>> stops = StopSequences.of(GenerationConfig(stop_sequences=[[7, 8], [3]]))
+    >>> outputs = np.array([[4, 7, 8, 0]], "int32")
+    >>> print(ops.convert_to_numpy(stops.ended(outputs, 2)))
+    [ True]
+    >>> print(np.flatnonzero(ops.convert_to_numpy(stops.completing(outputs, 2, 2, 10))))
+    [3 8]
+    """
+
+    def __init__(self, ids, lengths):
+        self.ids = ops.convert_to_tensor(ids, "int32")
+        self.lengths = ops.convert_to_tensor(lengths, "int32")
+
+    @classmethod
+    def of(cls, config: GenerationConfig, tensors: dict | None = None) -> "StopSequences | None":
+        ids = (tensors or {}).get("stop_sequences")
+        if ids is not None:
+            ids = ops.convert_to_tensor(ids, "int32")
+            return cls(ids, ops.sum(ops.cast(ids >= 0, "int32"), axis=1))
+        if not config.stop_sequences:
+            return None
+        width = max(len(s) for s in config.stop_sequences)
+        ids = np.array([s + (-1,) * (width - len(s)) for s in config.stop_sequences], "int32")
+        return cls(ids, np.array([len(s) for s in config.stop_sequences], "int32"))
+
+    def _matches(self, tokens, end, count, lengths):
+        """bool `(B, N)`: `tokens[b, end - l : end] == ids[n, :l]` with `l = lengths[n]`
+        (the first `l` ids of each sequence), `l <= count` (inside the last `count` tokens)."""
+        width = ops.shape(self.ids)[1]
+        j = ops.expand_dims(ops.arange(width, dtype="int32"), 0)  # (1, L)
+        lengths = ops.expand_dims(lengths, 1)  # (N, 1)
+        positions = ops.clip(end - lengths + j, 0, ops.shape(tokens)[1] - 1)  # (N, L)
+        window = ops.take(tokens, positions, axis=1)  # (B, N, L)
+        same = ops.logical_or(ops.equal(window, self.ids), j >= lengths)  # (B, N, L)
+        return ops.logical_and(ops.all(same, axis=-1), ops.transpose(lengths <= count))
+
+    def ended(self, outputs, index):
+        """bool `(B,)`: whether `outputs[:, : index + 1]`, a row's new tokens with the one
+        just written at `index`, end with a whole stop sequence."""
+        outputs = ops.convert_to_tensor(outputs, "int32")
+        return ops.any(self._matches(outputs, index + 1, index + 1, self.lengths), axis=-1)
+
+    def completing(self, history, length, count, vocab_size):
+        """bool `(B, V)`: the tokens that would complete a stop sequence after
+        `history[:, :length]`, its first tokens among the last `count` (the new ones)."""
+        history = ops.convert_to_tensor(history, "int32")
+        prefixes = self._matches(history, length, count, self.lengths - 1)  # (B, N)
+        last = ops.take_along_axis(self.ids, ops.expand_dims(self.lengths - 1, 1), axis=1)
+        last = ops.broadcast_to(ops.transpose(last), ops.shape(prefixes))  # (B, N)
+        return _token_mask(last, prefixes, vocab_size)
+
+
+class MinNewTokens:
+    """Hugging Face's `min_new_tokens`: while a row has fewer than `minimum` new tokens
+    (`index < minimum`), `end_id` is ruled out (`MinNewTokensLengthLogitsProcessor`), and so
+    is each token that would complete one of the `stops` (`StopSequences`) among the new
+    tokens; not enforced at a step where that would rule out every token of a row (a tiny
+    vocabulary). `minimum` may be a scalar tensor (an exported model's per-request setting).
+    """
+
+    def __init__(self, minimum, end_id=None, stops=None):
+        self.minimum, self.end_id, self.stops = minimum, end_id, stops
+        self.needs_history = stops is not None
+
+    def apply(self, logits, index, history=None, length=None):
+        vocab_size = ops.shape(logits)[-1]
+        banned = ops.zeros(ops.shape(logits), "bool")
+        if self.end_id is not None:
+            banned = ops.logical_or(banned, ops.arange(vocab_size) == self.end_id)
+        if self.stops is not None:
+            completing = self.stops.completing(history, length, index, vocab_size)
+            banned = ops.logical_or(banned, completing)
+        under = ops.convert_to_tensor(index, "int32") < ops.cast(self.minimum, "int32")
+        return ops.where(under, ban(logits, banned), logits)

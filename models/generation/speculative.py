@@ -329,6 +329,12 @@ def check_draft_model(target, draft_model, config: GenerationConfig) -> Language
             "`draft_model` (speculative decoding) works with sampler='greedy' or 'sample'. "
             f"Received: draft_model={draft_model.name!r}, sampler={config.sampler!r}"
         )
+    if config.stop_sequences:
+        raise ValueError(
+            "`draft_model` (speculative decoding) does not take `stop_sequences` yet (`end_id` "
+            f"it does). Received: draft_model={draft_model.name!r}, "
+            f"stop_sequences={config.stop_sequences}"
+        )
     if config.num_return_sequences != 1:
         raise ValueError(
             "`draft_model` (speculative decoding) gives one sequence per prompt: repeat the "
@@ -390,7 +396,10 @@ def speculative_generate(
         refs = weakref.ref(target), weakref.ref(draft_model)
 
         def speculative_loop():  # traced inside the compiled functions: no model held
-            target, draft = (LanguageModelSteps(ref(), ring=False) for ref in refs)
+            target, draft = (
+                LanguageModelSteps(ref(), ring=False, kv_cache_dtype=config.kv_cache_dtype)
+                for ref in refs
+            )
             return SpeculativeLoop(target, draft, config, max_length)
 
         def run(prompts, uniform):

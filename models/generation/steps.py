@@ -100,11 +100,23 @@ def register_decoding_steps(steps_class: type) -> type:
     return steps_class
 
 
-def decoding_steps(model: keras.Model) -> Any:
-    """The decoding-steps object of a seq2seq or language model (see `register_decoding_steps`)."""
+def decoding_steps(model: keras.Model, kv_cache_dtype: str | None = None) -> Any:
+    """The decoding-steps object of a seq2seq or language model (see `register_decoding_steps`).
+
+    `kv_cache_dtype` (a `GenerationConfig` setting; None: the compute dtype) goes to steps
+    that take it (`LanguageModelSteps`); for others anything but None raises `ValueError`.
+    """
     for steps_class in _STEPS:
         if steps_class.matches(model):
-            return steps_class(model)
+            if kv_cache_dtype is None:
+                return steps_class(model)
+            if "kv_cache_dtype" not in inspect.signature(steps_class).parameters:
+                raise ValueError(
+                    f"`kv_cache_dtype` is a setting of the steps that keep a language model's "
+                    f"KV cache; {steps_class.__name__} takes none. "
+                    f"Received: kv_cache_dtype={kv_cache_dtype!r}"
+                )
+            return steps_class(model, kv_cache_dtype=kv_cache_dtype)
     raise ValueError(
         f"No decoding steps for model {model.name!r}: expected a model built by "
         "keras_attn.models.transformer_seq2seq, keras_attn.models.rnn_seq2seq or "

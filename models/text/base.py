@@ -202,3 +202,60 @@ def _check_tokens(lookup, **tokens):
         # (A lookup deserialized from a `.keras` file gets its vocabulary after this.)
         if len(vocabulary) > 2 and token not in vocabulary:
             raise ValueError(f"`{name}` must be a token of the vocabulary. Received: {token!r}")
+
+
+def _stop_ids(stop, split, lookup):
+    """Stop strings `(N,)` -> `(ids, spelled)` (TensorFlow): each string's words (`split`:
+    strings `(N,)` -> words `(N, None)`, ragged) looked up, int32 `(N, L)` padded at the end
+    with -1 (`L >= 1`), and bool `(N,)`: which strings the vocabulary spells (at least one
+    word, none out of the vocabulary)."""
+    import tensorflow as tf
+
+    words = split(stop)
+    ids = tf.cast(lookup(words), tf.int32)  # (N, None) ragged, OOV 1
+    known = tf.reduce_all(tf.greater(ids.to_tensor(2), 1), axis=1)  # (N,)
+    spelled = tf.logical_and(known, ids.row_lengths() > 0)
+    ids = ids.to_tensor(-1)
+    ids = tf.pad(ids, [[0, 0], [0, 1 - tf.minimum(tf.shape(ids)[1], 1)]], constant_values=-1)
+    return ids, spelled
+
+
+def stop_sequences_of(stop, split, lookup) -> tuple:
+    """Python's stop strings (a list or tuple of str; None: none) -> `stop_sequences`, the
+    token ids of each (`_stop_ids`), or `ValueError` naming a string the vocabulary cannot
+    spell (a word outside it, or no word)."""
+    import tensorflow as tf
+
+    if stop is None:
+        return ()
+    if (
+        isinstance(stop, str)
+        or not isinstance(stop, list | tuple)
+        or not all(isinstance(s, str) for s in stop)
+    ):
+        raise ValueError(f"`stop` must be a list of strings. Received: stop={stop!r}")
+    if not stop:
+        return ()
+    ids, spelled = _stop_ids(tf.constant(stop, tf.string), split, lookup)
+    for text, ok in zip(stop, spelled.numpy().tolist(), strict=True):
+        if not ok:
+            raise ValueError(
+                f"`stop` strings must be spelled with the model's vocabulary (its words, "
+                f"none unknown). Received: stop string {text!r}"
+            )
+    return tuple(tuple(i for i in row if i >= 0) for row in ids.numpy().tolist())
+
+
+def checked_stop_ids(stop, split, lookup):
+    """An exported `generate`'s `stop_sequences` strings `(N,)` -> ids int32 `(N, L)` padded
+    with -1 (`_stop_ids`), gated on a `tf.debugging.Assert` naming an unspelled string."""
+    import tensorflow as tf
+
+    ids, spelled = _stop_ids(stop, split, lookup)
+    message = (
+        "`stop_sequences` must be strings the model's vocabulary spells (its words, none "
+        "unknown). Received: stop_sequences="
+    )
+    check = tf.debugging.Assert(tf.reduce_all(spelled), [message, stop], summarize=16)
+    with tf.control_dependencies([check]):
+        return tf.identity(ids)

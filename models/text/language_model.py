@@ -20,8 +20,10 @@ from .base import (
     _TextModel,
     _unfamiliar,
     _vocabulary_file,
+    checked_stop_ids,
     normalize_spaces,
     split_words,
+    stop_sequences_of,
 )
 
 # After `normalize_spaces`: a character that is no letter, digit, combining mark (Unicode's
@@ -48,6 +50,12 @@ def _suppress_by_default(generation, suppress_ids):
     config = generation.get("config")
     if "suppress_ids" not in generation and not (config and config.suppress_ids):
         generation["suppress_ids"] = suppress_ids
+
+
+def split_prompt_words(text):
+    """Strings `(B,)` -> their words `(B, None)` as a prompt's are split (`split_punctuation`,
+    then spaces), ragged (TensorFlow)."""
+    return split_words(split_punctuation(text))
 
 
 @_REGISTER
@@ -145,7 +153,7 @@ class TextLanguageModel(_TextModel):
         import tensorflow as tf
 
         text = _strings(text)
-        pieces = split_words(split_punctuation(text))  # (B, None) ragged
+        pieces = split_prompt_words(text)  # (B, None) ragged
         if words is not None:
             pieces = pieces[:, -words:]
         batch = tf.shape(text, out_type=tf.int64)[:1]
@@ -190,6 +198,16 @@ class TextLanguageModel(_TextModel):
             )
         return int(max_length)
 
+    def _stop(self, generation):
+        """`generation`'s `stop` strings (popped) spelled with the vocabulary, added to its
+        `stop_sequences` (`ValueError` naming a string it cannot spell)."""
+        if "stop" not in generation:
+            return
+        stops = stop_sequences_of(generation.pop("stop"), split_prompt_words, self.lookup)
+        config = generation.get("config")
+        given = generation.get("stop_sequences", config.stop_sequences if config else ())
+        generation["stop_sequences"] = tuple(map(tuple, given)) + stops
+
     def continue_ids(self, text, max_length: int | None = None, **generation) -> np.ndarray:
         """The new tokens after each prompt: int32 `(B, max_length)`, 0 after the end token.
 
@@ -200,11 +218,24 @@ class TextLanguageModel(_TextModel):
             **generation: `config` (a `GenerationConfig`) or its keywords, `sampler`
                 (`"greedy"`, `"sample"`, `"beam"`), `temperature`, `top_k`, `top_p`, `seed`,
                 `repetition_penalty`, `no_repeat_ngram_size`, `suppress_ids` (here the ids of
-                `suppress_tokens` unless given) ..., and `jit_compile` (here False unless
-                given), of `keras_attn.models.generate`.
+                `suppress_tokens` unless given), `min_new_tokens`, `stop_sequences` ..., and
+                `jit_compile` (here False unless given), of `keras_attn.models.generate`;
+                and `stop`: stop strings (a list of str), each split and looked up as a
+                prompt's words into a stop sequence (the row ends after it, its words kept).
+
+        Raises:
+            ValueError: a `stop` string the vocabulary cannot spell (a word outside it, or
+                no word), or a bad setting, naming it.
+
+        Example:
+
+        >>> run = text.load_run("transformer-lm")  # doctest: +SKIP
+        >>> run.predict_text(["the movie is"], stop=["of the"], min_new_tokens=6)  # doctest: +SKIP
+        ['a film of a film of the']
         """
         from ..generation import generate
 
+        self._stop(generation)
         max_length = self._length(max_length)
         prompts = np.asarray(self.prompt_ids(text))
         if not len(prompts):  # no prompts, no continuations
@@ -253,6 +284,7 @@ class TextLanguageModel(_TextModel):
         """
         from ..generation import generate
 
+        self._stop(generation)
         max_length = self._length(max_length)
         prompts = np.asarray(self.prompt_ids(text))
         if not len(prompts):  # no prompts, no words
@@ -265,7 +297,8 @@ class TextLanguageModel(_TextModel):
             self.language_model, prompts, max_length, end_id, stream=True, **generation
         )
         for tokens in steps:
-            ended = (tokens == end_id) | (False if ended is None else ended)
+            ended = (tokens == end_id) | (tokens == 0) | (False if ended is None else ended)
+            # (0: ended at a stop sequence)
             yield ["" if t == end_id else vocabulary[t] for t in tokens.tolist()]  # 0: ""
             if ended.all():
                 return
@@ -275,7 +308,9 @@ class TextLanguageModel(_TextModel):
         nothing): how many have words outside the vocabulary (of the words kept)."""
         return _unfamiliar(self.prompt_ids(text))
 
-    def export_text(self, path: str, num_return_sequences: int = 1) -> None:
+    def export_text(
+        self, path: str, num_return_sequences: int = 1, kv_cache_dtype: str | None = None
+    ) -> None:
         """A SavedModel of a prompt in, its continuation out (never a `suppress_tokens` token),
         the vocabulary in `assets/`.
 
@@ -284,12 +319,15 @@ class TextLanguageModel(_TextModel):
         - `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`, greedy;
         - `generate`: `text` `(B,)` and scalars `max_length` int32 (at most the model's
           `max_length`), `temperature` float32 (0 = greedy), `top_k` int32 (0 = off), `top_p`
-          float32 (1 = off), `seed` int32, `repetition_penalty` float32 (1 = off) ->
-          `{"text": (B,), "tokens": (B, max_length) int32, "scores": (B, max_length)
+          float32 (1 = off), `seed` int32, `repetition_penalty` float32 (1 = off),
+          `stop_sequences` tf.string `(N,)` (stop strings, any number, `N = 0`: none; each
+          spelled with the vocabulary as a prompt's words), `min_new_tokens` int32 (0 =
+          off) -> `{"text": (B,), "tokens": (B, max_length) int32, "scores": (B, max_length)
           float32}` (each token's log-probability under the model, 0 after the end): for
           the same settings and seed, the tokens of Python's `continue_ids` /
           `keras_attn.models.generate` on TensorFlow (`sampler="sample"`, or `"greedy"` for
-          temperature 0). A bad setting fails a `tf.debugging` assert naming it;
+          temperature 0; `stop=` the strings). A bad setting, or a stop string the
+          vocabulary cannot spell, fails a `tf.debugging` assert naming it;
         - `prefill`: prompt ids `tokens` `(B, P)` int64 (0 = padding, either side) ->
           `logits` `(B, V)` of the first new token (padding and `suppress_tokens` at
           `-inf`), the KV cache: `keys` and `values` `(B, L, S, g, d)` (every block's, in
@@ -310,22 +348,33 @@ class TextLanguageModel(_TextModel):
         `i * n` to `i * n + n - 1`, sample `j` drawn from `seed + j` (Python's
         `generate(..., num_return_sequences=n)`; at temperature 0 the `n` rows are equal).
 
+        With `kv_cache_dtype="int8"` every signature decodes through int8 KV caches
+        (`keras_attn.models.generate`'s setting, fixed at export): `prefill` and
+        `decode_step` pass `keys` and `values` as int8 and two more tensors, `key_scales` and
+        `value_scales` float32 `(B, L, S, g, 1)` (each position's and head's scale: a key is
+        `keys * key_scales`).
+
         Args:
             path: the SavedModel directory, written atomically.
             num_return_sequences: samples per prompt of the `generate` signature.
+            kv_cache_dtype: None or `"float"` (the model's compute dtype), or `"int8"`.
 
         Raises:
-            ValueError: a `num_return_sequences` that is not a positive integer.
+            ValueError: a `num_return_sequences` that is not a positive integer, a
+                `kv_cache_dtype` other than those.
         """
         import tensorflow as tf
 
         from ..generation import GenerationConfig, greedy_decode
+        from ..generation.config import check_setting
         from ..generation.export import generation_specs, sampled_generation
         from ..transformer_lm import LanguageModelSteps
 
         _check_export_backend()
         # (checked first: a bad value fails before anything is traced)
         sampled = GenerationConfig(sampler="sample", num_return_sequences=num_return_sequences)
+        kv_cache_dtype = check_setting("kv_cache_dtype", kv_cache_dtype)
+        kv_cache_dtype = None if kv_cache_dtype == "float" else kv_cache_dtype
         model, end_id, suppress_ids = self.language_model, self.end_id, self.suppress_ids
         archive = keras.export.ExportArchive()
         archive.track(model)
@@ -337,8 +386,9 @@ class TextLanguageModel(_TextModel):
         def decoder(prompts):
             prompts = tf.cast(prompts, tf.int32)
             return greedy_decode(
-                model, prompts, self.max_length, None, end_id, suppress_ids=suppress_ids
-            )
+                model, prompts, self.max_length, None, end_id, suppress_ids=suppress_ids,
+                kv_cache_dtype=kv_cache_dtype,
+            )  # fmt: skip
 
         archive.add_endpoint("greedy_decode", decoder)
         archive.add_endpoint(
@@ -346,7 +396,7 @@ class TextLanguageModel(_TextModel):
             lambda tokens: model(tf.cast(tokens, tf.int32), training=False),
             input_signature=[tf.TensorSpec((None, None), tf.int64, name="tokens")],
         )
-        self._add_streaming(archive)
+        self._add_streaming(archive, kv_cache_dtype)
         with tempfile.TemporaryDirectory() as scratch:
             vocabulary = self.lookup.get_vocabulary()
             vocabulary_file = _vocabulary_file(scratch, "vocabulary.txt", vocabulary)
@@ -371,8 +421,12 @@ class TextLanguageModel(_TextModel):
             @tf.function(input_signature=generation_specs(), autograph=False)
             def generate(text, *settings):
                 settings = dict(zip(GenerationConfig.exported(), settings, strict=True))
+                settings["stop_sequences"] = checked_stop_ids(
+                    settings["stop_sequences"], split_prompt_words, lookup
+                )
                 decoded = sampled_generation(
-                    LanguageModelSteps(model), self.prompt_ids(text, lookup), config,
+                    LanguageModelSteps(model, kv_cache_dtype=kv_cache_dtype),
+                    self.prompt_ids(text, lookup), config,
                     self.max_length, **settings,
                 )  # fmt: skip
                 text = _join_words(decoded.tokens, words(all_ids), self.end_token)
@@ -381,36 +435,77 @@ class TextLanguageModel(_TextModel):
             archive.add_endpoint("generate", generate)
             write_atomically(path, lambda temporary: archive.write_out(temporary, verbose=False))
 
-    def _add_streaming(self, archive):
+    def _add_streaming(self, archive, kv_cache_dtype=None):
         """The `prefill` and `decode_step` endpoints (`export_text`): the KV cache in and out
         as tensors, every block's keys and values in keras-hub's layout (`KVCache.to_stacked`
-        / `from_stacked`), stacked on axis 1."""
+        / `from_stacked`), stacked on axis 1; an int8 cache's scales beside them."""
         import tensorflow as tf
 
-        from keras_attn.cache import KVCache
+        from keras_attn.cache import Int8Heads, KVCache
 
         from ..generation.processors import rule_out
         from ..transformer_lm import LanguageModelState, LanguageModelSteps
 
         model, suppress_ids, max_length = self.language_model, self.suppress_ids, self.max_length
+        int8 = kv_cache_dtype == "int8"
+        names = ("keys", "values", "valid", "positions", "index")
+        names += ("key_scales", "value_scales") if int8 else ()
+
+        def heads_last(x):  # (B, g, S, d) <-> (B, S, g, d): keras-hub's layout
+            return tf.transpose(x, (0, 2, 1, 3))
 
         def outputs(logits, state, index):
-            stacked = [c.to_stacked() for c in state.caches]  # L of (B, 2, S, g, d)
+            if int8:  # L of Int8Heads (B, g, S, d): int8 and scales, each (B, L, S, g, d|1)
+                keys, values = ([c.key for c in state.caches], [c.value for c in state.caches])
+                cache = {
+                    "keys": tf.stack([heads_last(k.values) for k in keys], axis=1),
+                    "values": tf.stack([heads_last(v.values) for v in values], axis=1),
+                    "key_scales": tf.stack([heads_last(k.scale) for k in keys], axis=1),
+                    "value_scales": tf.stack([heads_last(v.scale) for v in values], axis=1),
+                }
+            else:
+                stacked = [c.to_stacked() for c in state.caches]  # L of (B, 2, S, g, d)
+                cache = {
+                    "keys": tf.stack([s[:, 0] for s in stacked], axis=1),  # (B, L, S, g, dk)
+                    "values": tf.stack([s[:, 1] for s in stacked], axis=1),  # (B, L, S, g, dv)
+                }
             return {
                 "logits": rule_out(tf.cast(logits, tf.float32), suppress_ids),  # (B, V)
-                "keys": tf.stack([s[:, 0] for s in stacked], axis=1),  # (B, L, S, g, dk)
-                "values": tf.stack([s[:, 1] for s in stacked], axis=1),  # (B, L, S, g, dv)
+                **cache,
                 "valid": state.caches[0].valid,  # (B, S): the same in every block
                 "positions": state.positions,  # (B,)
                 "index": index,
             }
+
+        def caches_of(tensors, valid, blocks):
+            """The `KVCache` of each of `blocks` blocks from the signature's tensors."""
+            if int8:
+                return [
+                    KVCache(
+                        *(
+                            Int8Heads(
+                                heads_last(tensors[name][:, i]),
+                                heads_last(tensors[name[:-1] + "_scales"][:, i]),
+                            )
+                            for name in ("keys", "values")
+                        ),
+                        valid,
+                    )
+                    for i in range(blocks)
+                ]
+            keys, values = tensors["keys"], tensors["values"]
+            return [  # (5-D tensors at most: TFLite's slices take no more)
+                KVCache.from_stacked(tf.stack([keys[:, i], values[:, i]], axis=1), valid)
+                for i in range(blocks)
+            ]
 
         @tf.function(
             input_signature=[tf.TensorSpec((None, None), tf.int64, name="tokens")], autograph=False
         )
         def prefill(tokens):
             # Full caches (a sliding window's ring too: its positions are the signature's)
-            steps, tokens = LanguageModelSteps(model, ring=False), tf.cast(tokens, tf.int32)
+            steps = LanguageModelSteps(model, ring=False, kv_cache_dtype=kv_cache_dtype)
+            tokens = tf.cast(tokens, tf.int32)
             state = steps.start(tokens, max_length)
             logits, state = steps.step(steps.start_tokens(tokens), 0, state)
             return outputs(logits, state, tf.constant(1, tf.int32))
@@ -423,20 +518,21 @@ class TextLanguageModel(_TextModel):
         @tf.function(
             input_signature=[
                 tf.TensorSpec((None,), tf.int64, name="token"),
-                *(spec(name) for name in ("keys", "values", "valid", "positions", "index")),
+                *(spec(name) for name in names),
             ],
             autograph=False,
         )
-        def decode_step(token, keys, values, valid, positions, index):
+        def decode_step(token, *tensors):
+            tensors = dict(zip(names, tensors, strict=True))
+            keys, valid, positions, index = (
+                tensors[name] for name in ("keys", "valid", "positions", "index")
+            )
             in_range = tf.logical_and(index >= 1, index < max_length)
             message = f"`index` must be in [1, {max_length}) (prefill's, then decode_step's)."
             with tf.control_dependencies([tf.debugging.Assert(in_range, [message, index])]):
                 index = tf.identity(index)
-            steps = LanguageModelSteps(model, ring=False)
-            caches = [  # (5-D tensors at most: TFLite's slices take no more)
-                KVCache.from_stacked(tf.stack([keys[:, i], values[:, i]], axis=1), valid)
-                for i in range(len(steps.blocks))
-            ]
+            steps = LanguageModelSteps(model, ring=False, kv_cache_dtype=kv_cache_dtype)
+            caches = caches_of(tensors, valid, len(steps.blocks))
             # The cache position of this token: the prefill's `P - 1`, then one a step
             written = tf.shape(keys)[2] - max_length + index
             state = LanguageModelState(caches, positions, tf.fill(tf.shape(positions), written))

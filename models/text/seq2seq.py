@@ -18,6 +18,7 @@ from .base import (
     _TextModel,
     _unfamiliar,
     _vocabulary_file,
+    checked_stop_ids,
     split_words,
 )
 
@@ -155,8 +156,10 @@ class TextSeq2Seq(_TextModel):
         - `serving_default`: `text` tf.string `(None,)` -> `{"text": (None,)}`, greedy;
         - `generate`: `text` `(B,)` and scalars `max_length` int32 (at most the model's
           `max_length`), `temperature` float32 (0 = greedy), `top_k` int32 (0 = off),
-          `top_p` float32 (1 = off), `seed` int32, `repetition_penalty` float32 (1 = off)
-          -> `{"text": (B,), "tokens": (B, max_length) int32, "scores": (B, max_length)
+          `top_p` float32 (1 = off), `seed` int32, `repetition_penalty` float32 (1 = off),
+          `stop_sequences` tf.string `(N,)` (stop strings, `N = 0`: none; each split at
+          spaces into target words, the decoding ends after them), `min_new_tokens` int32
+          (0 = off) -> `{"text": (B,), "tokens": (B, max_length) int32, "scores": (B, max_length)
           float32}` (each token's log-probability under the model, 0 after the end): for
           the same settings and seed, the tokens of Python's `sample_decode` on TensorFlow
           (`greedy_decode` for temperature 0). A bad setting fails a `tf.debugging` assert
@@ -195,8 +198,9 @@ class TextSeq2Seq(_TextModel):
             target_file = _vocabulary_file(scratch, "target_vocabulary.txt", target_vocabulary)
             # Tables read from files: the SavedModel copies the files into its assets/.
             source_lookup = _asset_lookup(source_file)
+            target_lookup = _asset_lookup(target_file)  # the stop strings' words
             target_words = _asset_lookup(target_file, invert=True)
-            for layer in (source_lookup, target_words):
+            for layer in (source_lookup, target_lookup, target_words):
                 archive.track(layer)
             all_ids = tf.range(len(target_vocabulary), dtype=tf.int64)
 
@@ -215,10 +219,13 @@ class TextSeq2Seq(_TextModel):
             @tf.function(input_signature=generation_specs(), autograph=False)
             def generate(text, *settings):
                 source = self.source_ids(text, source_lookup)
+                settings = dict(zip(GenerationConfig.exported(), settings, strict=True))
+                settings["stop_sequences"] = checked_stop_ids(
+                    settings["stop_sequences"], split_words, target_lookup
+                )
                 decoded = sampled_generation(
-                    decoding_steps(self.seq2seq), source, config, self.max_length,
-                    **dict(zip(GenerationConfig.exported(), settings, strict=True)),
-                )  # fmt: skip
+                    decoding_steps(self.seq2seq), source, config, self.max_length, **settings
+                )
                 text = self._ids_to_text(decoded.tokens, source, target_words(all_ids))
                 return {"text": text, "tokens": decoded.tokens, "scores": decoded.scores}
 

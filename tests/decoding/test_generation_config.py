@@ -64,7 +64,8 @@ def test_every_field_has_one_rule_and_the_rules_name_the_exported_inputs():
     fields = [f.name for f in dataclasses.fields(GenerationConfig)]
     assert set(fields) | {"max_length"} == set(RULES)
     assert GenerationConfig.exported() == (
-        "max_length", "temperature", "top_k", "top_p", "seed", "repetition_penalty"
+        "max_length", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
+        "stop_sequences", "min_new_tokens",
     )  # fmt: skip
 
 

@@ -110,6 +110,12 @@ def test_processors_and_scores_as_the_targets(models):
     spec_tokens, spec_scores = generate(target, PROMPTS, 10, draft_model=shared, **settings)
     np.testing.assert_array_equal(spec_tokens, tokens)
     np.testing.assert_allclose(spec_scores, scores, atol=1e-5)
+    # min_new_tokens (a processor at each position's own index) and the int8 KV caches
+    settings = dict(min_new_tokens=3, end_id=int(tokens[0, 1]), kv_cache_dtype="int8")
+    np.testing.assert_array_equal(
+        generate(target, PROMPTS, 10, draft_model=shared, **settings),
+        generate(target, PROMPTS, 10, **settings),
+    )
 
 
 def numpy_distribution(logits, temperature, top_k):
@@ -186,6 +192,8 @@ def test_bad_arguments(models):
         generate(target, PROMPTS, 4, draft_model=shared, sampler="contrastive", top_k=4)
     with pytest.raises(ValueError, match="draft_model.*num_return_sequences=2"):
         generate(target, PROMPTS, 4, draft_model=shared, sampler="sample", num_return_sequences=2)
+    with pytest.raises(ValueError, match="draft_model.*stop_sequences"):
+        generate(target, PROMPTS, 4, draft_model=shared, stop_sequences=[[5, 6]])
     with pytest.raises(ValueError, match="draft_model.*transformer_lm"):
         generate(target, PROMPTS, 4, draft_model="small")
     for bad in (0, -1, 1.5, True):

@@ -139,6 +139,7 @@ def test_seq2seq_savedmodel_takes_text_with_tensorflow_alone(seq2seq_model, tmp_
     settings = dict(max_length=5, temperature=0.75, top_k=3, top_p=0.9, seed=-7)
     out = loaded.signatures["generate"](
         text=tf.constant(TEXTS[:2]), repetition_penalty=tf.constant(1.5),
+        stop_sequences=tf.constant([], tf.string), min_new_tokens=tf.constant(0),
         **{k: tf.constant(v, tf.float32 if isinstance(v, float) else tf.int32)
            for k, v in settings.items()},
     )  # fmt: skip
@@ -148,6 +149,21 @@ def test_seq2seq_savedmodel_takes_text_with_tensorflow_alone(seq2seq_model, tmp_
     )  # fmt: skip
     np.testing.assert_array_equal(out["tokens"], tokens)
     np.testing.assert_allclose(out["scores"], scores, atol=1e-5)
+    # Stop strings (target words, split at spaces) and `min_new_tokens`, per request: a
+    # word the first output made (so the stop acts), Python's `stop_sequences` of its id
+    stop = TARGET[int(np.asarray(tokens)[0, 1])]
+    out = loaded.signatures["generate"](
+        text=tf.constant(TEXTS[:2]), repetition_penalty=tf.constant(1.5),
+        stop_sequences=tf.constant([stop]), min_new_tokens=tf.constant(1),
+        **{k: tf.constant(v, tf.float32 if isinstance(v, float) else tf.int32)
+           for k, v in settings.items()},
+    )  # fmt: skip
+    stopped = models.decoding.sample_decode(
+        seq2seq_model.seq2seq, source, start_id=2, end_id=3, repetition_penalty=1.5,
+        stop_sequences=[[TARGET.index(stop)]], min_new_tokens=1, **settings,
+    )  # fmt: skip
+    np.testing.assert_array_equal(out["tokens"], stopped)
+    assert not np.array_equal(stopped, tokens)
     beams = loaded.signatures["beam_search"](text=tf.constant(TEXTS[:2]))
     tokens, score = models.beam_search(seq2seq_model.seq2seq, source, 7, 2, 3, jit_compile=False)
     words = [" ".join(TARGET[t] for t in row if t) for row in np.where(

@@ -60,11 +60,13 @@ SETTINGS = [
 GOOD = dict(max_length=6, temperature=1.0, top_k=0, top_p=1.0, seed=0, repetition_penalty=1.0)
 BAD = [("max_length", 7), ("max_length", 0), ("temperature", -1.0), ("temperature", float("nan")),
        ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("repetition_penalty", 0.0),
-       ("repetition_penalty", float("inf"))]  # fmt: skip
+       ("repetition_penalty", float("inf")), ("min_new_tokens", -1)]  # fmt: skip
 
 GENERATE = """
 def generate(loaded, texts, settings):
-    dtypes = dict(max_length=tf.int32, top_k=tf.int32, seed=tf.int32)
+    dtypes = dict(max_length=tf.int32, top_k=tf.int32, seed=tf.int32, min_new_tokens=tf.int32,
+                  stop_sequences=tf.string)  # (no stop strings, no minimum: off)
+    settings = {"stop_sequences": [], "min_new_tokens": 0, **settings}
     settings = {k: tf.constant(v, dtypes.get(k, tf.float32)) for k, v in settings.items()}
     out = loaded.signatures["generate"](text=tf.constant(texts, tf.string), **settings)
     return {k: [x.decode() if isinstance(x, bytes) else x for x in v.numpy().tolist()]
@@ -89,7 +91,13 @@ result = {
     ],
     "bad": bad(loaded, argument["texts"], argument),
     "empty": {k: len(v) for k, v in generate(loaded, [], argument["good"]).items()},
+    "stops": [generate(loaded, argument["texts"], {**argument["good"], **more})
+              for more in argument["stops"]],
 }
+try:  # a stop string the vocabulary cannot spell
+    generate(loaded, argument["texts"], {**argument["good"], "stop_sequences": ["good zebra"]})
+except tf.errors.InvalidArgumentError as error:
+    result["unspelled"] = [l for l in error.message.splitlines() if "must" in l]
 """
 
 STREAM = """
@@ -150,9 +158,25 @@ def served(language_model):
     prompts = np.asarray(text_model.prompt_ids(PROMPTS)).tolist()
     prompts[1] = [0] * prompts[1].count(0) + [t for t in prompts[1] if t]  # left-padded
     argument = _settings_argument(PROMPTS, prompts=prompts, max_length=MAX_LENGTH, end=END)
+    argument["stops"] = _stop_settings(text_model)
     result = run_tensorflow_alone(path, GENERATE + STREAM, argument)
     assert result.pop("modules") == []
     return result
+
+
+def _stop_settings(text_model):
+    """The stop strings and minima the signature is called with: a word of row 1's greedy
+    output and a two-word string of row 3's (read from Python's tokens), greedy and
+    sampled, with and without `min_new_tokens`."""
+    tokens = text_model.continue_ids(PROMPTS).tolist()
+    ids = [tokens[1][2], tokens[3][3], tokens[3][4]]
+    assert min(ids) > END, tokens  # words (not padding, [UNK], <s> or </s>)
+    stops = [WORDS[ids[0]], f"{WORDS[ids[1]]} {WORDS[ids[2]]}"]
+    greedy, sampled = dict(temperature=0.0), dict(temperature=0.75, top_k=3, seed=5)
+    return [
+        dict(greedy, stop_sequences=stops), dict(greedy, stop_sequences=stops, min_new_tokens=3),
+        dict(sampled, stop_sequences=stops[:1], min_new_tokens=2), dict(greedy, min_new_tokens=4),
+    ]  # fmt: skip
 
 
 def _python_generation(text_model, max_length, temperature, top_k, top_p, seed, penalty):
@@ -199,6 +223,33 @@ def test_generate_signature_asserts_name_each_bad_setting(served):
 
 
 @pytest.mark.tensorflow_only
+def test_generate_signature_takes_stop_strings_and_min_new_tokens(language_model, served):
+    """Per request: the stop strings spelled with the vocabulary and `min_new_tokens` give
+    Python's tokens (`continue_ids(stop=..., min_new_tokens=...)`, the same settings and
+    seed); a string the vocabulary cannot spell fails an assert naming it."""
+    text_model, _ = language_model
+    acted = False
+    for more, out in zip(_stop_settings(text_model), served["stops"], strict=True):
+        settings = dict(max_length=6, temperature=1.0, top_k=0, top_p=1.0, seed=0)
+        settings.update(more)
+        stop = settings.pop("stop_sequences", None)
+        temperature = settings.pop("temperature")
+        sampling = dict(sampler="sample", temperature=temperature, top_k=settings.pop("top_k"),
+                        top_p=None, seed=settings.pop("seed"))  # fmt: skip
+        settings.pop("top_p")
+        if stop is not None:
+            settings["stop"] = stop
+        tokens = text_model.continue_ids(
+            PROMPTS, **settings, **(sampling if temperature else {}), return_scores=True
+        )[0]
+        np.testing.assert_array_equal(out["tokens"], tokens, err_msg=str(more))
+        acted |= bool((np.asarray(out["tokens"]) != text_model.continue_ids(PROMPTS)).any())
+    assert acted
+    assert "`stop_sequences` must be" in served["unspelled"][0], served["unspelled"]
+    assert "good zebra" in served["unspelled"][0], served["unspelled"]
+
+
+@pytest.mark.tensorflow_only
 def test_generate_signature_inputs_are_the_configs_exported_settings(language_model):
     """The signature's inputs come from `GenerationConfig.exported()` and its rules' dtypes:
     the names, dtypes and shapes clients have always sent."""
@@ -210,10 +261,12 @@ def test_generate_signature_inputs_are_the_configs_exported_settings(language_mo
     _, inputs = tf.saved_model.load(str(path)).signatures["generate"].structured_input_signature
     expected = {"text": (tf.string, [None])}
     expected |= {
-        name: (tf.as_dtype(RULES[name].exported), []) for name in GenerationConfig.exported()
+        name: (tf.as_dtype(RULES[name].exported), list(RULES[name].shape))
+        for name in GenerationConfig.exported()
     }
     assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == expected
-    assert set(expected) == {"text", *(name for name, _ in BAD), "seed"}
+    assert set(expected) == {"text", *(name for name, _ in BAD), "seed", "stop_sequences"}
+    assert expected["stop_sequences"] == (tf.string, [None])  # any number of stop strings
 
 
 @pytest.mark.tensorflow_only
@@ -346,6 +399,7 @@ def test_an_export_with_num_return_sequences_samples_what_python_samples(languag
     settings = dict(max_length=5, temperature=1.0, top_k=4, top_p=1.0, seed=-7)
     out = signature(
         text=tf.constant(PROMPTS), repetition_penalty=tf.constant(1.0),
+        stop_sequences=tf.constant([], tf.string), min_new_tokens=tf.constant(0),
         **{k: tf.constant(v, tf.float32 if isinstance(v, float) else tf.int32)
            for k, v in settings.items()},
     )  # fmt: skip
@@ -357,3 +411,31 @@ def test_an_export_with_num_return_sequences_samples_what_python_samples(languag
     assert out["text"].shape == (2 * len(PROMPTS),) and tokens.shape == (2 * len(PROMPTS), 5)
     np.testing.assert_array_equal(out["tokens"], tokens)
     np.testing.assert_allclose(out["scores"], scores, atol=1e-5)
+
+
+def test_predict_takes_stop_strings_and_min_new_tokens(language_model, tmp_path, capsys):
+    """`--stop` (repeated) and `--min-new-tokens` are `predict_text`'s `stop` and
+    `min_new_tokens` (one-shot and streamed); a stop string the run's vocabulary cannot
+    spell, or a bad minimum, stops the command naming the flag and the value."""
+    from keras_attn.models import cli
+
+    text_model, _ = language_model
+    text_model.save(tmp_path / "transformer-lm.keras")
+    runs = ["--runs-dir", str(tmp_path)]
+    tokens = text_model.continue_ids(PROMPTS).tolist()
+    stop = [WORDS[tokens[1][2]], f"{WORDS[tokens[3][3]]} {WORDS[tokens[3][4]]}"]
+    expected = text_model.predict_text(PROMPTS[:3], stop=stop, min_new_tokens=2)
+    assert expected != text_model.predict_text(PROMPTS[:3])  # the settings act
+    flags = ["--stop", stop[0], "--stop", stop[1], "--min-new-tokens", "2"]
+    for stream in ([], ["--stream"]):
+        assert cli.main(["predict", "transformer-lm", *PROMPTS[:3], *flags, *stream, *runs]) == 0
+        assert capsys.readouterr().out.split("\n") == [*expected, ""], stream
+    for flags, named, received in [
+        (["--stop", "good zebra"], "--stop", "good zebra"),
+        (["--min-new-tokens", "-1"], "--min-new-tokens", "-1"),
+    ]:
+        status = cli.main(["predict", "transformer-lm", "a", *flags, *runs])
+        err = capsys.readouterr().err
+        assert status == 2 and named in err and received in err, err
+    with pytest.raises(ValueError, match=r"`stop` strings must be .*Received: stop string '\?'"):
+        text_model.predict_text(PROMPTS[:1], stop=["?"])  # "?": a word outside the vocabulary
