@@ -567,3 +567,35 @@ class LanguageModelSteps:
     def _final_norm(self, x):
         """The blocks' output `(B, T, d)` after the final norm (where the model has one)."""
         return x if self.norm is None else self.norm(x)
+
+    def extend(
+        self, tokens: TensorLike, state: LanguageModelState
+    ) -> tuple[TensorLike, LanguageModelState]:
+        """`(B, T)` tokens fed at once (a step of `T` tokens) -> logits `(B, T, V)`, new state.
+
+        Row `b`'s token `t` goes to cache position `cache_index + t` at position
+        `positions[b] + t` and sees the cache before it and the tokens before it: logits
+        `[:, t]` are those `step` would give after feeding `tokens[:, : t + 1]` one by one
+        (speculative decoding verifies its draft's tokens this way). Needs the full
+        caches (`ring=False`): a ring would overwrite positions a caller may roll back to.
+        """
+        if self.ring:
+            raise ValueError(
+                "`extend` writes several positions a caller may roll back: it needs the full "
+                "caches (LanguageModelSteps(model, ring=False)). Received: a ring cache"
+            )
+        tokens = ops.cast(tokens, "int32")
+        length = ops.shape(tokens)[1]
+        positions = ops.expand_dims(state.positions, 1) + ops.arange(length, dtype="int32")
+        cache_index = ops.max(state.cache_index, initial=0)  # the rows agree; B may be 0
+        x = self._embed(tokens, positions)
+        x, caches = self._blocks(
+            x, ops.not_equal(tokens, self.padding_id), state.caches, cache_index
+        )
+        x = self._final_norm(x)
+        batch, width = ops.shape(x)[0], ops.shape(x)[2]
+        logits = self._logits(ops.reshape(x, (batch * length, width)))  # (B * T, V)
+        logits = ops.reshape(logits, (batch, length, ops.shape(logits)[-1]))
+        return logits, LanguageModelState(
+            caches, state.positions + length, state.cache_index + length
+        )

@@ -13,7 +13,8 @@ The package, bottom up (each module imports only those before it):
   (contrastive search, a `DecodingLoop`);
 - `compiled`: the compiled-loop cache (`compiled_loop`);
 - `decoders`: `greedy_decode`, `sample_decode`; `beam`: `beam_search`, `beam_search_loop`;
-  `lm`: `generate` (a language model, compiled, streamed);
+  `speculative`: speculative decoding with a draft model; `lm`: `generate` (a language
+  model, compiled, streamed; `draft_model=`: speculative);
 - `export`: `export_seq2seq`, the exported `generate` signature's settings.
 
 A new setting is a field of `GenerationConfig` with its rule, and one processor (or sampler).

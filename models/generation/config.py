@@ -139,6 +139,10 @@ RULES = {
         "int", "a non-negative integer (0 = off)", lambda x, finite: x >= 0, optional=True,
         exported="int32",
     ),
+    "num_speculative_tokens": Rule(
+        "int", "None or a positive integer (a draft model's tokens per round)",
+        lambda x, finite: x >= 1, optional=True,
+    ),
 }  # fmt: skip
 
 
@@ -181,6 +185,8 @@ class GenerationConfig:
         min_new_tokens: 0 (off; None too) or `m`: `end_id`, and a token that would complete
             a stop sequence, are ruled out while a row has fewer than `m` new tokens
             (Hugging Face's `min_new_tokens`).
+        num_speculative_tokens: of speculative decoding (`generate(..., draft_model=)`):
+            the tokens the draft proposes per round (None: 4).
 
     Example:
 
@@ -209,6 +215,7 @@ class GenerationConfig:
     kv_cache_dtype: str | None = None
     stop_sequences: tuple[tuple[int, ...], ...] = ()
     min_new_tokens: int = 0
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

@@ -18,6 +18,7 @@ from .config import GenerationConfig, check_setting, config_from
 from .contrastive import ContrastiveLoop
 from .loop import DecodingLoop
 from .samplers import sample_draws, token_chooser
+from .speculative import speculative_generate
 
 _POSITIONAL = (
     "end_id", "sampler", "temperature", "top_k", "top_p", "seed", "beam_width",
@@ -138,11 +139,19 @@ def generate(
         min_new_tokens: 0 (off) or `m` (keyword only): `end_id`, and a token that would
             complete a stop sequence, are ruled out while a row has fewer than `m` new
             tokens (Hugging Face's `min_new_tokens`).
+        draft_model: a smaller `transformer_lm` of the same vocabulary: speculative decoding
+            (`keras_attn.models.generation.speculative`: the draft proposes
+            `num_speculative_tokens` tokens (a config field; None: 4), the target verifies
+            them in one step; greedy gives the target's own tokens, sampling its
+            distribution exactly). Greedy and `"sample"` only.
+        return_acceptance: with `draft_model`, also return a `SpeculativeStats` (the
+            draft's acceptance rate, the new tokens per target step) after the outputs.
 
     Returns:
         int32 NumPy `(B, max_length)`: the new tokens (`(B * n, max_length)` with
         `num_return_sequences=n`); `(tokens, scores)` with `return_scores`; an iterator
-        with `stream`. An empty batch gives empty results.
+        with `stream`; the `SpeculativeStats` last with `return_acceptance`. An empty batch
+        gives empty results.
 
     Raises:
         ValueError: a prompt row without a real token, a token id outside
@@ -172,8 +181,10 @@ def generate(
     True
     """
     config, other = config_from(
-        config, _POSITIONAL, args, settings, "generate", ("jit_compile", "stream")
-    )
+        config, _POSITIONAL, args, settings, "generate",
+        ("jit_compile", "stream", "draft_model", "return_acceptance"),
+    )  # fmt: skip
+    draft_model = other.get("draft_model")
     jit_compile, stream = other.get("jit_compile", "auto"), other.get("stream", False)
     if not isinstance(jit_compile, bool) and not (
         isinstance(jit_compile, str) and jit_compile == "auto"
@@ -209,6 +220,22 @@ def generate(
             "`stream=True` streams greedy and sampled generation; beam search only knows its "
             "tokens at the end. Received: stream=True, sampler='beam'"
         )
+    if draft_model is None and other.get("return_acceptance"):
+        raise ValueError(
+            "`return_acceptance` reports speculative decoding's acceptance: it needs a "
+            "`draft_model`. Received: return_acceptance=True, draft_model=None"
+        )
+    if draft_model is not None or config.num_speculative_tokens is not None:
+        if draft_model is None:
+            raise ValueError(
+                "`num_speculative_tokens` is the draft's tokens per round: it needs a "
+                f"`draft_model`. Received: num_speculative_tokens={config.num_speculative_tokens}"
+                ", draft_model=None"
+            )
+        return speculative_generate(
+            model, draft_model, prompts, max_length, config, jit_compile,
+            bool(other.get("return_acceptance", False)), stream,
+        )  # fmt: skip
     if config.sampler == "beam":
         tokens, _, *scores = beam_search(
             model, prompts, max_length, config=config, jit_compile=bool(jit_compile)

@@ -338,3 +338,20 @@ def test_decode_ops_profile_splits_both_steps_by_op_type(capsys):
         assert any("MatMul" in kind for kind in ops[side]) and walls[side]["median_s"] > 0
     assert any("dot" in kind for kind in ops["ours, XLA"])
     assert "| every matmul |" in capsys.readouterr().out
+
+
+def test_speculative_smoke_rows_are_the_targets_tokens(tmp_path, capsys):
+    """`benchmarks.speculative --smoke`: both drafts give the target's tokens; the target as
+    its own draft accepts every proposal (3 tokens a round at k = 2, the last round 2)."""
+    from benchmarks import speculative
+
+    path = tmp_path / "speculative.json"
+    rows = speculative.main(["--smoke", "--json", str(path)])
+    assert json.loads(path.read_text())["rows"] == rows
+    assert [row["draft"] for row in rows] == ["small", "the target"]
+    assert all(row["same_tokens"] for row in rows)
+    assert rows[1]["acceptance_rate"] == 1.0 and rows[1]["tokens_per_round"] == 8 / 3
+    for row in rows:
+        assert _positive_finite(row["plain_tokens_per_s"])
+        assert _positive_finite(row["speculative_tokens_per_s"])
+    assert "| the target (" in capsys.readouterr().out
