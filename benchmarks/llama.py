@@ -7,9 +7,12 @@ A Llama-style model (`LLAMA`: hidden 768, 12 layers, 12 heads, 4 key/value
 heads, intermediate 2,048, vocabulary 32,000, tied embeddings: 100.1 M
 weights, 0.4 GB in float32) with random weights that `transformers` itself
 makes (`LlamaConfig` + `LlamaForCausalLM`, `torch.manual_seed(0)`, its own
-initialization) and saves (`save_pretrained`, float32 safetensors) to a
-folder (`--folder`, by default under /tmp; made once, reused while its
-config.json matches; nothing is downloaded). The one folder is then loaded:
+initialization with `initializer_range=0.2`: at its default 0.02 the logits
+are so flat that every row greedily repeats one token, and the check that the
+libraries generate the same tokens would check little) and saves
+(`save_pretrained`, float32 safetensors) to a folder (`--folder`, by default
+under /tmp; made once, reused while its config.json matches; nothing is
+downloaded). The one folder is then loaded:
 
 - ours: `keras_attn.models.from_transformers(folder)`;
 - keras-hub: `keras_hub.models.LlamaCausalLM.from_preset(folder,
@@ -21,7 +24,10 @@ config.json matches; nothing is downloaded). The one folder is then loaded:
   has no tokenizer (the model is fed token ids);
 - transformers (torch): `AutoModelForCausalLM.from_pretrained(folder)`,
   eager, and with `torch.compile` of its forward (a static KV cache, so the
-  compiled step keeps its shapes; unless `--no-compile`).
+  compiled step keeps its shapes; unless `--no-compile`), and eager again with
+  `torch.set_num_threads(1)` for the call (torch's default here is one thread
+  per core: on this shared 2-core machine, busy with other processes, its
+  threads waiting on each other made it several times slower than one thread).
 
 Greedy, prompts of 32 random token ids, 64 new tokens (16 with `--quick`),
 batch 1 and 8; each library compiled as it does by default:
@@ -39,14 +45,15 @@ the NumPy copy bandwidth measured in the same run
 
 Load time and peak memory: each library loads the folder in a fresh
 subprocess (`--load NAME`; the same backend), so the libraries share no
-memory: the seconds from the folder to a model ready to generate
-(`from_transformers`, `from_preset`, `from_pretrained`; the first
-`generate`'s compilation is not included: it is each row's "first call"),
-and the process' resident-set high-water mark (`VmHWM`) after the imports
-and after the load.
+memory: the seconds of the load (`from_transformers`, `from_preset`,
+`from_pretrained`) and of a first `generate` after it (batch 1, 4 tokens:
+the compilation, and the first read of weights that transformers maps from
+the file without reading them at load), and the process' resident-set
+high-water mark (`VmHWM`) after the imports, after the load and after that
+first `generate`.
 
-With `--smoke`, a tiny Llama (`TINY`), 4 new tokens, one repeat, no
-`torch.compile`: the code path of the tests.
+With `--smoke`, a tiny Llama (`TINY`), 4 new tokens, one repeat, neither
+`torch.compile` nor the one-thread row: the code path of the tests.
 """
 
 import argparse
@@ -66,12 +73,12 @@ import numpy as np  # noqa: E402
 LLAMA = dict(
     vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
     num_key_value_heads=4, intermediate_size=2048, tie_word_embeddings=True,
-    max_position_embeddings=2048,
+    max_position_embeddings=2048, initializer_range=0.2,
 )  # fmt: skip
 TINY = dict(
     vocab_size=512, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True,
-    max_position_embeddings=128,
+    max_position_embeddings=128, initializer_range=0.2,
 )  # fmt: skip
 PROMPT, NEW, QUICK_NEW, SMOKE_NEW = 32, 64, 16, 4
 BATCHES = (1, 8)
@@ -181,11 +188,14 @@ def load(library, folder):
     return model, time.perf_counter() - start
 
 
-def load_report(library, folder):
+def load_report(library, folder, vocab):
     """Load time and the RSS high-water mark before and after loading (this process).
 
     Imports the library's modules first (the backend, keras-hub or transformers), so that
-    `before` is the process with its imports and `after - before` what the load adds.
+    `before` is the process with its imports and `after - before` what the load adds; then
+    a first `generate` (batch 1, `SMOKE_NEW` tokens after `PROMPT`: the compilation, and
+    the first read of weights that a library maps from the file without reading them),
+    `ready` the high-water mark after it.
     """
     if library == "transformers":
         import torch  # noqa: F401
@@ -200,8 +210,14 @@ def load_report(library, folder):
     before = memory_kib()
     model, seconds = load(library, folder)
     after = memory_kib()
-    del model
-    return {"library": library, "load_s": seconds, "before": before, "after": after}
+    run = generators({library: model}, 1, PROMPT, SMOKE_NEW, vocab)[library]
+    start = time.perf_counter()
+    run()
+    first = time.perf_counter() - start
+    return {
+        "library": library, "load_s": seconds, "first_generate_s": first,
+        "before": before, "after": after, "ready": memory_kib(),
+    }  # fmt: skip
 
 
 def fresh_load(library, folder):
@@ -220,8 +236,9 @@ def fresh_load(library, folder):
 def generators(models, batch, prompt_length, new, vocab):
     """`{name: fn}`: each `fn()` returns the `(batch, new)` greedy tokens of its library.
 
-    `models`: `{"ours", "keras-hub", "transformers", "transformers compiled"}` (any of
-    them), the loaded models.
+    `models`: `{"ours", "keras-hub", "transformers", "transformers 1 thread",
+    "transformers compiled"}` (any of them), the loaded models; "transformers 1 thread"
+    runs its model with `torch.set_num_threads(1)` for the call.
     """
     prompts = np.random.default_rng(1).integers(0, vocab, (batch, prompt_length)).astype("int32")
     fns = {}
@@ -239,19 +256,26 @@ def generators(models, batch, prompt_length, new, vocab):
         fns["keras-hub"] = lambda: np.asarray(
             hub.generate(inputs, stop_token_ids=None)["token_ids"]
         )[:, prompt_length:]
-    for name in ("transformers", "transformers compiled"):
+    for name in ("transformers", "transformers 1 thread", "transformers compiled"):
         if name in models:
-            fns[name] = _hf_generator(models[name], prompts, new)
+            fns[name] = _hf_generator(models[name], prompts, new, 1 if "thread" in name else None)
     return fns
 
 
-def _hf_generator(model, prompts, new):
+def _hf_generator(model, prompts, new, threads=None):
     import torch
 
     ids = torch.tensor(prompts, dtype=torch.long)
     mask = torch.ones_like(ids)
 
     def run():
+        if threads is not None:
+            default = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                return _hf_generator(model, prompts, new)()
+            finally:
+                torch.set_num_threads(default)
         with torch.inference_mode():
             out = model.generate(
                 ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
@@ -344,7 +368,9 @@ def main(argv=None):
     size = TINY if args.smoke else LLAMA
     folder = args.folder or default_folder(size)
     if args.load:
-        print(json.dumps(load_report(args.load, folder)))
+        with open(os.path.join(folder, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+        print(json.dumps(load_report(args.load, folder, vocab)))
         return None
 
     import keras
@@ -360,17 +386,21 @@ def main(argv=None):
           f"{weight_count(size) / 1e6:.1f} M weights, folder {folder}")  # fmt: skip
 
     loads = {name: fresh_load(name, folder) for name in LIBRARIES}
-    print("| library | load s | RSS high-water after imports MiB | after the load MiB | added |")
-    print("|---|---|---|---|---|")
+    print("| library | load s | first generate s | RSS high-water MiB: after the imports "
+          "| after the load | after the first generate |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
     for name, report in loads.items():
-        before, after = report["before"]["hwm_kib"] / 1024, report["after"]["hwm_kib"] / 1024
-        print(f"| {name} | {report['load_s']:.2f} | {before:.0f} | {after:.0f} "
-              f"| {after - before:.0f} |", flush=True)  # fmt: skip
+        hwm = [report[k]["hwm_kib"] / 1024 for k in ("before", "after", "ready")]
+        print(f"| {name} | {report['load_s']:.2f} | {report['first_generate_s']:.2f} "
+              f"| {hwm[0]:.0f} | {hwm[1]:.0f} (+{hwm[1] - hwm[0]:.0f}) "
+              f"| {hwm[2]:.0f} (+{hwm[2] - hwm[0]:.0f}) |", flush=True)  # fmt: skip
 
     bandwidth = timing.copy_bandwidth(8 if args.smoke else 256, 3 if args.smoke else 7)
     print(f"memory bandwidth, NumPy copy of {bandwidth['mib']} MiB (read + write): median "
           f"{bandwidth['gbps']:.1f} GB/s, best {bandwidth['max']:.1f}")  # fmt: skip
     models = {name: load(name, folder)[0] for name in LIBRARIES}
+    if not args.smoke:  # torch's threads on a busy machine: `transformers` at 1 thread too
+        models["transformers 1 thread"] = models["transformers"]
     compile_error = None
     if not (args.smoke or args.no_compile):
         try:
