@@ -1,7 +1,7 @@
 """A Llama checkpoint of transformers' own: ours vs keras-hub vs transformers (issue 58).
 
     KERAS_BACKEND=tensorflow|jax|torch python -m benchmarks.llama [--quick] [--json PATH]
-        [--folder DIR] [--no-compile] [--smoke]
+        [--folder DIR] [--no-compile] [--no-transformers] [--smoke]
 
 A Llama-style model (`LLAMA`: hidden 768, 12 layers, 12 heads, 4 key/value
 heads, intermediate 2,048, vocabulary 32,000, tied embeddings: 100.1 M
@@ -363,6 +363,9 @@ def main(argv=None):
     parser.add_argument("--json", help="write every sample to this file")
     parser.add_argument("--folder", help="the checkpoint folder (made if missing)")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile row")
+    parser.add_argument(
+        "--no-transformers", action="store_true", help="ours and keras-hub only (no torch rows)"
+    )
     parser.add_argument("--load", choices=LIBRARIES, help=argparse.SUPPRESS)  # a subprocess
     args = parser.parse_args(argv)
     size = TINY if args.smoke else LLAMA
@@ -385,7 +388,8 @@ def main(argv=None):
     print(f"backend {backend}, keras {keras.__version__}, loadavg {loadavg_start}, "
           f"{weight_count(size) / 1e6:.1f} M weights, folder {folder}")  # fmt: skip
 
-    loads = {name: fresh_load(name, folder) for name in LIBRARIES}
+    libraries = LIBRARIES[:2] if args.no_transformers else LIBRARIES
+    loads = {name: fresh_load(name, folder) for name in libraries}
     print("| library | load s | first generate s | RSS high-water MiB: after the imports "
           "| after the load | after the first generate |")  # fmt: skip
     print("|---|---|---|---|---|---|")
@@ -398,11 +402,13 @@ def main(argv=None):
     bandwidth = timing.copy_bandwidth(8 if args.smoke else 256, 3 if args.smoke else 7)
     print(f"memory bandwidth, NumPy copy of {bandwidth['mib']} MiB (read + write): median "
           f"{bandwidth['gbps']:.1f} GB/s, best {bandwidth['max']:.1f}")  # fmt: skip
-    models = {name: load(name, folder)[0] for name in LIBRARIES}
-    if not args.smoke:  # torch's threads on a busy machine: `transformers` at 1 thread too
+    models = {name: load(name, folder)[0] for name in libraries}
+    if (
+        not args.smoke and not args.no_transformers
+    ):  # torch's threads on a busy machine: `transformers` at 1 thread too
         models["transformers 1 thread"] = models["transformers"]
     compile_error = None
-    if not (args.smoke or args.no_compile):
+    if not (args.smoke or args.no_compile or args.no_transformers):
         try:
             models["transformers compiled"] = compiled_transformers(models["transformers"])
         except Exception as error:  # noqa: BLE001
