@@ -338,7 +338,6 @@ def compare(models, size, new, repeats, bandwidth):
             "batch": batch, "prompt": PROMPT, "new": new, "tokens_per_s": speed,
             "ratio": {n: result["ratio"][n] for n in same}, "same_tokens": same,
             "same_tokens_per_row": same_rows, "errors": errors, "timing": result,
-            "first_call_s": {n: result[n]["first_call_s"] for n in fns},
             "bytes": {"per_step": step, "ours_gbps": gbps,
                       "ours_pct_bandwidth": 100 * gbps / bandwidth["gbps"]},
         }  # fmt: skip
