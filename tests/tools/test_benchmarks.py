@@ -355,3 +355,50 @@ def test_speculative_smoke_rows_are_the_targets_tokens(tmp_path, capsys):
         assert _positive_finite(row["plain_tokens_per_s"])
         assert _positive_finite(row["speculative_tokens_per_s"])
     assert "| the target (" in capsys.readouterr().out
+
+
+def test_llama_weight_count_and_decode_bytes_count_transformers_parameters():
+    """`benchmarks.llama`: the weights of a Llama of transformers' own (tied and untied), and
+    the bytes of a decoding step counted by hand."""
+    transformers = pytest.importorskip("transformers")
+    from benchmarks import llama
+
+    for tied in (True, False):
+        size = {**llama.TINY, "tie_word_embeddings": tied}
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**size))
+        assert llama.weight_count(size) == model.num_parameters()
+    # TINY: d32, 2 layers, 4 heads of 8, 2 key/value heads (16 wide), intermediate 64, V512.
+    block = 32 * 32 * 2 + 32 * 16 * 2 + 3 * 32 * 64 + 2 * 32
+    cache = 2 * 2 * 3 * 5.5 * 16  # keys and values, 2 layers, B3, 5.5 positions, 16 wide
+    assert llama.decode_bytes(llama.TINY, 3, 5.5) == 4 * (2 * block + 512 * 32 + 32 + cache)
+    untied = {**llama.TINY, "tie_word_embeddings": False}  # + the lookup's 3 rows
+    assert llama.decode_bytes(untied, 3, 5.5) == llama.decode_bytes(llama.TINY, 3, 5.5) + 4 * 96
+    # The full size is the issue's "about 100 M".
+    assert round(llama.weight_count(llama.LLAMA) / 1e6, 1) == 100.1
+
+
+@pytest.mark.slow
+def test_llama_benchmark_smoke(tmp_path, capsys):
+    """`benchmarks.llama --smoke`: a tiny Llama that transformers saves, loaded in fresh
+    processes by the three libraries, the same greedy tokens from each, speeds > 0."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("keras_hub")
+    from benchmarks import llama
+
+    path = tmp_path / "llama.json"
+    report = llama.main(["--smoke", "--folder", str(tmp_path / "ckpt"), "--json", str(path)])
+    assert json.loads(path.read_text())["size"] == llama.TINY
+    assert (tmp_path / "ckpt" / "model.safetensors").exists()
+    assert set(report["loads"]) == set(llama.LIBRARIES)
+    for load in report["loads"].values():
+        assert _positive_finite(load["load_s"])
+        assert load["after"]["hwm_kib"] >= load["before"]["hwm_kib"] > 0
+    assert [(r["batch"], r["prompt"], r["new"]) for r in report["rows"]] == [(1, 32, 4), (8, 32, 4)]
+    for row in report["rows"]:
+        assert row["errors"] == {}
+        assert row["same_tokens"] == {"keras-hub": True, "transformers": True}
+        assert all(_positive_finite(v) for v in row["tokens_per_s"].values())
+        assert row["bytes"]["per_step"] == llama.decode_bytes(
+            llama.TINY, row["batch"], 32 - 1 + 2.5
+        )
+    assert "| 8 | 32 + 4 |" in capsys.readouterr().out
