@@ -405,6 +405,7 @@ def main(argv=None):
         "--weights", help="with --gpt2-small: weight formats side by side, e.g. "
         "float32,bfloat16,int8",
     )  # fmt: skip
+    parser.add_argument("--batches", default="1,8", help="with --weights: the batch sizes")
     args = parser.parse_args(argv)
     if args.weights and not args.gpt2_small:
         parser.error("--weights compares formats at GPT-2 small's size: add --gpt2-small")
@@ -437,7 +438,8 @@ def main(argv=None):
     memory = backend == "jax" and not args.no_memory
     if args.weights:
         weights = tuple(w.strip() for w in args.weights.split(","))
-        report = compare_weights(weights, (1, 8), new, repeats, args.smoke, size, bandwidth)
+        batches = tuple(int(b) for b in args.batches.split(","))
+        report = compare_weights(weights, batches, new, repeats, args.smoke, size, bandwidth)
     else:
         report = compare(rows, new, repeats, args.smoke, memory, size, bandwidth)
     if args.gpt2_small:
