@@ -406,6 +406,7 @@ def main(argv=None):
         "float32,bfloat16,int8",
     )  # fmt: skip
     parser.add_argument("--batches", default="1,8", help="with --weights: the batch sizes")
+    parser.add_argument("--new", type=int, help="new tokens a call (default 64; 4 with --smoke)")
     args = parser.parse_args(argv)
     if args.weights and not args.gpt2_small:
         parser.error("--weights compares formats at GPT-2 small's size: add --gpt2-small")
@@ -421,7 +422,7 @@ def main(argv=None):
         if keras.backend.backend() != "jax":
             parser.error("--memory-scaling reads XLA's memory analysis: KERAS_BACKEND=jax only")
         return memory_scaling()
-    new = 4 if args.smoke else NEW
+    new = args.new or (4 if args.smoke else NEW)
     repeats = 1 if args.smoke else 3 if args.quick else 7
     if args.gpt2_small:
         rows = [(batch, PROMPT, None, "greedy") for batch in (1, 8)]
