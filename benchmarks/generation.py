@@ -59,6 +59,15 @@ the same run (`benchmarks.timing.copy_bandwidth`). The steps per second are the
 new tokens over the whole call, the prefill included: a lower bound of the
 decoding step's own rate (`benchmarks.roofline` times the step alone). With
 `--smoke`, a tiny model.
+
+The weights rows (`--gpt2-small --weights float32,bfloat16,int8`; issue 59): the same
+GPT-2-small comparison with each weight format in one process, every library and format
+timed in the same interleaved repeats: `float32`; `bfloat16` (both libraries built under
+Keras' `bfloat16` policy: bf16 weights and KV caches); `int8` (both built in float32, then
+`model.quantize("int8")`: int8 kernels and token tables with a float32 scale per output
+channel, float32 KV caches). Beside tokens/s: the bytes a step reads at that format
+(`decode_bytes`), their share of the copy bandwidth, and ours' speed against ours' float32
+(the per-repeat ratio of the two times: > 1 faster).
 """
 
 import argparse
@@ -99,6 +108,34 @@ SETTINGS = {  # setting -> (ours' `generate` options, keras-hub's sampler: what 
     "top-k 10": ({"sampler": "sample", "top_k": 10, "seed": 0}, "top_k"),
     "repetition penalty 1.3": ({"repetition_penalty": 1.3}, "greedy"),  # keras-hub has none
 }
+
+
+WEIGHTS = ("float32", "bfloat16", "int8")
+
+
+def build_weights(weights, prompt_length, smoke=False, size=None):
+    """`(ours, keras-hub's)` as `build` makes them, with `weights` of `WEIGHTS`.
+
+    `"bfloat16"`: both built under Keras' `bfloat16` policy; `"int8"`: built in float32,
+    then `quantize("int8")` (Keras' own: int8 kernels and token tables, a float32 scale per
+    output channel, inputs quantized per row at each call).
+    """
+    import warnings
+
+    if weights not in WEIGHTS:
+        raise ValueError(f"`weights` must be one of {WEIGHTS}. Received: weights={weights!r}")
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("bfloat16" if weights == "bfloat16" else "float32")
+    try:
+        ours, hub = build(prompt_length, None, smoke, size)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    if weights == "int8":
+        with warnings.catch_warnings():  # layers without int8 weights (norms) say so
+            warnings.simplefilter("ignore", UserWarning)
+            for model in (ours, hub):
+                model.quantize("int8")
+    return ours, hub
 
 
 def build(prompt_length, window, smoke=False, size=None, dropout=0.1):
@@ -364,7 +401,15 @@ def main(argv=None):
         "--gpt2-small", action="store_true",
         help="GPT-2 small's size, batch 1 and 8 greedy, bytes/s against the copy bandwidth",
     )  # fmt: skip
+    parser.add_argument(
+        "--weights", help="with --gpt2-small: weight formats side by side, e.g. "
+        "float32,bfloat16,int8",
+    )  # fmt: skip
+    parser.add_argument("--batches", default="1,8", help="with --weights: the batch sizes")
+    parser.add_argument("--new", type=int, help="new tokens a call (default 64; 4 with --smoke)")
     args = parser.parse_args(argv)
+    if args.weights and not args.gpt2_small:
+        parser.error("--weights compares formats at GPT-2 small's size: add --gpt2-small")
     if args.ring_memory:
         if keras.backend.backend() != "jax":
             parser.error("--ring-memory reads XLA's memory analysis: KERAS_BACKEND=jax only")
@@ -377,7 +422,7 @@ def main(argv=None):
         if keras.backend.backend() != "jax":
             parser.error("--memory-scaling reads XLA's memory analysis: KERAS_BACKEND=jax only")
         return memory_scaling()
-    new = 4 if args.smoke else NEW
+    new = args.new or (4 if args.smoke else NEW)
     repeats = 1 if args.smoke else 3 if args.quick else 7
     if args.gpt2_small:
         rows = [(batch, PROMPT, None, "greedy") for batch in (1, 8)]
@@ -392,7 +437,12 @@ def main(argv=None):
         print(f"memory bandwidth, NumPy copy of {bandwidth['mib']} MiB (read + write): median "
               f"{bandwidth['gbps']:.1f} GB/s, best {bandwidth['max']:.1f}")  # fmt: skip
     memory = backend == "jax" and not args.no_memory
-    report = compare(rows, new, repeats, args.smoke, memory, size, bandwidth)
+    if args.weights:
+        weights = tuple(w.strip() for w in args.weights.split(","))
+        batches = tuple(int(b) for b in args.batches.split(","))
+        report = compare_weights(weights, batches, new, repeats, args.smoke, size, bandwidth)
+    else:
+        report = compare(rows, new, repeats, args.smoke, memory, size, bandwidth)
     if args.gpt2_small:
         result = {"backend": backend, "size": size, "bandwidth": bandwidth, "rows": report}
     else:
@@ -464,6 +514,65 @@ def compare(rows, new, repeats, smoke, memory, size, bandwidth=None):
                 line += f" {gbps:.1f} ({share:.0f}%) |"
         report.append(row)
         print(line, flush=True)
+    return report
+
+
+def compare_weights(weights, batches, new, repeats, smoke, size, bandwidth):
+    """Ours and keras-hub's at each weight format of `weights`, greedy, all timed together.
+
+    For each batch of `batches`: every `(library, format)` generator in one
+    `timing.time_group` (interleaved repeats); prints a row per format and returns them.
+    """
+    backend = keras.backend.backend()
+    head = (
+        "| weights | B | ours tok/s | ours / ours float32 | keras-hub tok/s | ours/keras-hub "
+        "| same tokens as keras-hub | MB/step | ours GB/s (% copy) | keras-hub GB/s (% copy) |"
+    )
+    print(head)
+    print("|---" * head.count(" |") + "|")
+    prompt = 8 if smoke else PROMPT
+    report = []
+    for batch in batches:
+        fns, same = {}, {}
+        for w in weights:
+            ours, hub = build_weights(w, prompt, smoke, size)
+            fns[f"ours {w}"], fns[f"keras-hub {w}"] = generators(ours, hub, batch, prompt, new)
+            same[w] = bool(np.array_equal(fns[f"ours {w}"](), fns[f"keras-hub {w}"]()))
+        result = timing.time_group(fns, (), repeats=repeats, min_time=0.0, max_calls=1)
+        base = result[f"ours {weights[0]}"]["times_s"]
+        for w in weights:
+            ours_t, hub_t = result[f"ours {w}"]["times_s"], result[f"keras-hub {w}"]["times_s"]
+            speed = timing.summarize([b / t for b, t in zip(base, ours_t, strict=True)])
+            vs_hub = timing.summarize([h / t for h, t in zip(hub_t, ours_t, strict=True)])
+            tokens = batch * new
+            row = {
+                "backend": backend, "weights": w, "batch": batch, "prompt": prompt, "new": new,
+                "same_tokens": same[w],
+                "ours_tokens_per_s": tokens / result[f"ours {w}"]["median_s"],
+                "hub_tokens_per_s": tokens / result[f"keras-hub {w}"]["median_s"],
+                "speed_vs_first": speed, "ratio": vs_hub, "loadavg": timing.loadavg(),
+                "timing": {k: v for k, v in result.items() if k.endswith(f" {w}")},
+            }  # fmt: skip
+            itemsize = 2 if w == "bfloat16" else 4
+            step = decode_bytes(
+                size, batch, mean_cache_length(prompt, 1, new), itemsize=itemsize,
+                weight_itemsize=1 if w == "int8" else None,
+            )  # fmt: skip
+            row["bytes"] = {"per_step": step, "bandwidth_gbps": bandwidth["gbps"]}
+            cells = []
+            for name, key in (("ours", "ours_tokens_per_s"), ("keras-hub", "hub_tokens_per_s")):
+                gbps = step * row[key] / batch / 1e9  # steps/s = tokens/s / batch
+                share = 100 * gbps / bandwidth["gbps"]
+                row["bytes"][name] = {"gbps": gbps, "pct_bandwidth": share}
+                cells.append(f"{gbps:.1f} ({share:.0f}%)")
+            report.append(row)
+            print(
+                f"| {w} | {batch} | {row['ours_tokens_per_s']:.1f} | {speed['median']:.2f} "
+                f"[{speed['min']:.2f}-{speed['max']:.2f}] | {row['hub_tokens_per_s']:.1f} "
+                f"| {vs_hub['median']:.2f} [{vs_hub['min']:.2f}-{vs_hub['max']:.2f}] "
+                f"| {same[w]} | {step / 1e6:.0f} | {cells[0]} | {cells[1]} |",
+                flush=True,
+            )
     return report
 
 

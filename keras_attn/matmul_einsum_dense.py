@@ -25,6 +25,7 @@ import threading
 import keras
 from keras import ops
 
+from keras_attn import quantized
 from keras_attn._execution import is_eager
 
 _LOOP = threading.local()  # `kernels`: {id(layer): 2-D kernel} inside `loop_kernels`
@@ -124,6 +125,11 @@ class MatmulEinsumDense(keras.layers.EinsumDense):
         # The variable's shape: `kernel` would compute LoRA's product again.
         return _project(self, inputs, self._kernel.shape[self.contract_axes :])
 
+    def _int8_call(self, inputs, training=None):
+        outer = self._kernel.shape[self.contract_axes :]
+        y = quantized.int8_project(self, inputs, self.contract_axes, outer)
+        return super()._int8_call(inputs, training=training) if y is None else y
+
 
 class MatmulDense(keras.layers.Dense):
     """A Keras `Dense` whose calls inside `loop_kernels` take the kernel read there.
@@ -144,3 +150,7 @@ class MatmulDense(keras.layers.Dense):
         if self.quantization_mode is not None or _loop_kernel(self) is None:
             return super().call(inputs, training=training)
         return _project(self, inputs, (self.units,))
+
+    def _int8_call(self, inputs, training=None):
+        y = quantized.int8_project(self, inputs, 1, (self.units,))
+        return super()._int8_call(inputs, training=training) if y is None else y

@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 import keras_attn
+from keras_attn import quantized
 from keras_attn._typing import ActivationLike, Length, TensorLike
 from keras_attn.arguments import check_positive_int, check_rate
 from keras_attn.cache import RingKVCache
@@ -481,8 +482,9 @@ class LanguageModelSteps:
         `token_embedding(x, reverse=True)` multiplies by the transposed table; under
         XLA on the CPU that transpose is a copy of the whole `(V, d)` table at every
         step (154 MiB for GPT-2's). A contraction with the table as it lies reads it
-        once. A quantized table (`quantize`), a soft cap or a reverse dtype go
-        through the layer itself.
+        once. An int8 table (`quantize`) is read as it lies where
+        `keras_attn.quantized` has a path; otherwise a quantized table, a soft cap or a
+        reverse dtype go through the layer itself.
         """
         layer = self.token_embedding
         plain = (
@@ -492,6 +494,9 @@ class LanguageModelSteps:
             and layer.reverse_dtype is None
         )
         if not plain:
+            logits = quantized.int8_logits(layer, x)  # int8 bytes read as they lie, or None
+            if logits is not None:
+                return logits
             return layer(ops.expand_dims(x, 1), reverse=True)[:, 0]
         table = ops.cast(layer.embeddings, x.dtype)  # (V, d)
         return ops.transpose(ops.matmul(table, ops.transpose(x)))  # (V, d) (d, B) -> (B, V)
