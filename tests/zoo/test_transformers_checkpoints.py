@@ -470,3 +470,40 @@ def test_streaming_and_generation_settings_after_import(folders):
             _streamed(model, PADDED, 6, **setting), one_shot, err_msg=name
         )
     assert _cut_after(greedy, stop)[0, 3:].max() == 0  # the stop sequence did end row 0
+
+
+@pytest.mark.slow  # a SavedModel of five signatures: tracing and writing take tens of seconds
+def test_token_signatures_of_an_imported_model_generate_as_python(folders, tmp_path):
+    """The token-level SavedModel signatures (`greedy_decode`, `prefill` + `decode_step`,
+    `serve`) of an imported Llama: there is no token-level export of a bare `transformer_lm`,
+    so it goes through `TextLanguageModel.export_text` with placeholder words. Their greedy
+    tokens are Python's `generate`'s for -1-padded prompts, the first of them 0 (a real
+    token: `prefill`'s logits do not rule it out), and `serve`'s logits transformers'."""
+    tf = pytest.importorskip("tensorflow")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("export_text writes a TensorFlow SavedModel")
+    from keras_attn.models.text import TextLanguageModel
+    from keras_attn.models.text.base import string_lookup
+
+    hf, folder = folders["llama"]
+    model = from_transformers(folder)
+    words = ["", "[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(4, VOCAB)]
+    TextLanguageModel(model, string_lookup(words), 6, 8, suppress_tokens=()).export_text(
+        str(tmp_path / "lm")
+    )
+    loaded = tf.saved_model.load(str(tmp_path / "lm"))
+    prompts = np.array([[-1, 55, 35, 0, 49], [8, 2, 0, 11, 6]])
+    expected = generate(model, prompts, 6)
+    assert expected[0, 0] == 0  # else the test would not see token 0 ruled out
+    signature = loaded.signatures
+    greedy = signature["greedy_decode"](prompts=tf.constant(prompts, tf.int64))
+    np.testing.assert_array_equal(list(greedy.values())[0], expected)
+    state, tokens = signature["prefill"](tokens=tf.constant(prompts, tf.int64)), []
+    for _ in range(6):
+        tokens.append(np.argmax(state["logits"], axis=-1))
+        cache = {k: state[k] for k in ("keys", "values", "valid", "positions", "index")}
+        if len(tokens) < 6:
+            state = signature["decode_step"](token=tf.constant(tokens[-1], tf.int64), **cache)
+    np.testing.assert_array_equal(np.stack(tokens, axis=1), expected)
+    logits = list(signature["serve"](tokens=tf.constant(TOKENS, tf.int64)).values())[0]
+    np.testing.assert_allclose(logits, _hf_logits(hf, TOKENS), atol=1e-4, rtol=1e-4)
