@@ -34,8 +34,8 @@ class Carry(NamedTuple):
         finished: bool `(B,)`, the rows that emitted `end_id` or completed a stop sequence.
         state: the decoding steps' state.
         before: int32 `(B, K)`, what a row holds before its outputs (a language model's
-            prompt, a seq2seq decoder's start token), where a logits processor reads the
-            row's history; else `()`.
+            prompt, a seq2seq decoder's start token; -1 where its padding was), where a
+            logits processor reads the row's history; else `()`.
         scores: float32 `(B, max_length)` (`return_scores`), else `()`.
         alignment: float32 `(B, max_length, S)` (`return_alignment`), else `()`.
     """
@@ -109,10 +109,11 @@ class DecodingLoop:
         batch = ops.shape(encoder_inputs)[0]
         tokens = first_tokens(self.steps, encoder_inputs, self.config.start_id)
         before = scores = alignment = ()
-        if self.needs_history:  # what the row holds before its outputs, (B, K), 0 = none
+        if self.needs_history:  # what the row holds before its outputs, (B, K), -1 = none
             continues = hasattr(self.steps, "start_tokens")
             before = left_align(encoder_inputs, self.padding_id) if continues else tokens[:, None]
-            before = ops.where(ops.equal(before, self.padding_id), 0, before)
+            # -1, not 0: token 0 is a real token of a `padding_id=-1` model
+            before = ops.where(ops.equal(before, self.padding_id), -1, before)
         if self.config.return_scores:
             scores = ops.zeros((batch, max_length), "float32")
         if self.config.return_alignment:
@@ -141,7 +142,9 @@ class DecodingLoop:
         """`logits` `(B, V)` after the config's logits processors."""
         history = length = None
         if self.needs_history:
-            history = ops.concatenate([carry.before, carry.outputs], axis=1)  # (B, K + T)
+            written = ops.arange(ops.shape(carry.outputs)[1], dtype="int32") < index  # (T,)
+            outputs = ops.where(written, carry.outputs, -1)  # not written yet: none
+            history = ops.concatenate([carry.before, outputs], axis=1)  # (B, K + T), -1 = none
             length = ops.shape(carry.before)[1] + index
         for processor in self.processors:
             logits = processor.apply(logits, index, history, length)

@@ -6,7 +6,8 @@ built from the `GenerationConfig` (`logits_processors`): padding and `suppress_i
 (`NoRepeatNgram`), Hugging Face's `min_new_tokens` (`MinNewTokens`, on `end_id` and the
 `StopSequences`, which the loop also reads to end a row). `index` is the step (the number
 of new tokens so far), `history` a row's tokens so far `(B, K + T)` (a language model's
-prompt or a seq2seq decoder's start token, then the outputs, 0 where not written yet) and
+prompt or a seq2seq decoder's start token, then the outputs; -1 where the prompt's padding
+was and where not written yet: 0 is a real token of a `padding_id=-1` model) and
 `length` how many of them count (`K + index`); a processor that reads the history says so
 (`needs_history`: else the two are None). A new control is a config field and one processor
 here (`logits_processors`). (A method, not `__call__`: AutoGraph, which converts the loops
@@ -56,7 +57,7 @@ class RepetitionPenalty:
         self.penalty = penalty
 
     def apply(self, logits, index, history, length):
-        seen = seen_tokens(history, ops.shape(logits)[-1])  # outputs not written yet: 0
+        seen = seen_tokens(history, ops.shape(logits)[-1], padding_id=-1)  # -1: none
         return penalize_repetition(logits, seen, self.penalty)
 
 
@@ -70,7 +71,7 @@ class NoRepeatNgram:
         self.n = n
 
     def apply(self, logits, index, history, length):
-        banned = banned_ngram_tokens(history, length, self.n, ops.shape(logits)[-1])
+        banned = banned_ngram_tokens(history, length, self.n, ops.shape(logits)[-1], -1)
         return ban(logits, banned)
 
 
@@ -120,8 +121,9 @@ def ban(logits: TensorLike, banned: TensorLike) -> TensorLike:
 
 
 def _token_mask(tokens, counts, vocab_size):
-    """bool `(B, V)`: `[b, v]` true where some `tokens[b, n] == v` with `counts[b, n]` true."""
-    tokens = ops.cast(tokens, "int32")
+    """bool `(B, V)`: `[b, v]` true where some `tokens[b, n] == v` with `counts[b, n]` true
+    (a negative token, none, must not count)."""
+    tokens = ops.maximum(ops.cast(tokens, "int32"), 0)  # a valid index where it does not count
     batch, length = ops.shape(tokens)[0], ops.shape(tokens)[1]
     rows = ops.broadcast_to(ops.expand_dims(ops.arange(batch, dtype="int32"), 1), (batch, length))
     indices = ops.reshape(ops.stack([rows, tokens], axis=-1), (-1, 2))  # (B * N, 2)
@@ -130,13 +132,15 @@ def _token_mask(tokens, counts, vocab_size):
     return ops.scatter_update(zeros, indices, updates, reduction="add") > 0
 
 
-def seen_tokens(tokens: TensorLike, vocab_size: int) -> TensorLike:
-    """bool `(B, V)`: which token ids occur in each row of int `tokens` `(B, T)` (0, padding,
-    never counts): `seen[b, v] = any_t (tokens[b, t] == v and v != 0)`.
+def seen_tokens(tokens: TensorLike, vocab_size: int, padding_id: int = 0) -> TensorLike:
+    """bool `(B, V)`: which token ids occur in each row of int `tokens` `(B, T)` (padding and
+    negative ids never count): `seen[b, v] = any_t (tokens[b, t] == v != padding_id)`.
 
     Args:
-        tokens: int `(B, T)` token ids in `[0, vocab_size)`.
+        tokens: int `(B, T)` token ids in `[0, vocab_size)`, or padding.
         vocab_size: the Python int `V`.
+        padding_id: the padding's id: 0 (then token 0 never counts) or negative (then 0
+            is a token like any other).
 
     Returns:
         bool `(B, V)`.
@@ -147,7 +151,8 @@ def seen_tokens(tokens: TensorLike, vocab_size: int) -> TensorLike:
     [[0 1 0 1 0]]
     """
     tokens = ops.convert_to_tensor(tokens, "int32")
-    return _token_mask(tokens, ops.not_equal(tokens, 0), vocab_size)
+    counts = ops.logical_and(ops.not_equal(tokens, padding_id), tokens >= 0)
+    return _token_mask(tokens, counts, vocab_size)
 
 
 def penalize_repetition(logits: TensorLike, seen: TensorLike, penalty: float) -> TensorLike:
@@ -193,21 +198,23 @@ def penalize_repetition(logits: TensorLike, seen: TensorLike, penalty: float) ->
 
 
 def banned_ngram_tokens(
-    history: TensorLike, length: int | TensorLike, n: int, vocab_size: int
+    history: TensorLike, length: int | TensorLike, n: int, vocab_size: int, padding_id: int = 0
 ) -> TensorLike:
     """bool `(B, V)`: the tokens that would complete an n-gram already in the row.
 
-    Of `history[:, :length]` (a row's tokens so far: its prompt, then its outputs; 0 =
-    padding), token `v` is banned for row `b` when some n-gram `history[b, i : i + n]`
-    (`i + n <= length`, no padding in it) ends in `v` and starts with the row's last `n - 1`
-    tokens `history[b, length - n + 1 : length]`. With `n = 1` every token seen is banned.
-    Fewer than `n` tokens so far ban nothing.
+    Of `history[:, :length]` (a row's tokens so far: its prompt, then its outputs; padding
+    and negative ids are none), token `v` is banned for row `b` when some n-gram
+    `history[b, i : i + n]` (`i + n <= length`, no padding in it) ends in `v` and starts with
+    the row's last `n - 1` tokens `history[b, length - n + 1 : length]`. With `n = 1` every
+    token seen is banned. Fewer than `n` tokens so far ban nothing.
 
     Args:
-        history: int `(B, H)` token ids in `[0, vocab_size)`.
+        history: int `(B, H)` token ids in `[0, vocab_size)`, or padding.
         length: a Python int or a scalar int tensor in `[0, H]`: how many tokens count.
         n: the n-gram size, a Python int >= 1.
         vocab_size: the Python int `V`.
+        padding_id: the padding's id: 0 (then token 0 is padding) or negative (then 0 is a
+            token like any other).
 
     Returns:
         bool `(B, V)`.
@@ -228,7 +235,7 @@ def banned_ngram_tokens(
     starts = ops.arange(width, dtype="int32")
     counts = ops.logical_and(
         ops.expand_dims(starts + n <= length, 0),  # (1, W): inside history[:, :length]
-        ops.all(ops.not_equal(windows, 0), axis=-1),  # (B, W): no padding in the n-gram
+        ops.all(ops.logical_and(ops.not_equal(windows, padding_id), windows >= 0), axis=-1),
     )
     if n > 1:  # its first n - 1 tokens are the row's last n - 1
         last = ops.maximum(length - (n - 1) + ops.arange(n - 1, dtype="int32"), 0)

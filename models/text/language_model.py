@@ -328,12 +328,13 @@ class TextLanguageModel(_TextModel):
           `keras_attn.models.generate` on TensorFlow (`sampler="sample"`, or `"greedy"` for
           temperature 0; `stop=` the strings). A bad setting, or a stop string the
           vocabulary cannot spell, fails a `tf.debugging` assert naming it;
-        - `prefill`: prompt ids `tokens` `(B, P)` int64 (0 = padding, either side) ->
-          `logits` `(B, V)` of the first new token (padding and `suppress_tokens` at
-          `-inf`), the KV cache: `keys` and `values` `(B, L, S, g, d)` (every block's, in
-          keras-hub's layout; `L` blocks, `g` key/value heads, `S = P - 1 + max_length`
-          positions) and `valid` bool `(B, S)` (its real positions), `positions` int32
-          `(B,)` (each row's next position) and `index` int32 `()` (1);
+        - `prefill`: prompt ids `tokens` `(B, P)` int64 (0 = padding, either side; -1 for a
+          `padding_id=-1` model, an imported checkpoint's) -> `logits` `(B, V)` of the first
+          new token (padding and `suppress_tokens` at `-inf`), the KV cache: `keys` and
+          `values` `(B, L, S, g, d)` (every block's, in keras-hub's layout; `L` blocks, `g`
+          key/value heads, `S = P - 1 + max_length` positions) and `valid` bool `(B, S)`
+          (its real positions), `positions` int32 `(B,)` (each row's next position) and
+          `index` int32 `()` (1);
         - `decode_step`: `token` int64 `(B,)` (the last chosen), `keys`, `values`, `valid`,
           `positions`, `index` -> the next `logits` and the updated `keys`, `values`, `valid`,
           `positions`, `index` (+ 1; at most `max_length - 1` steps after `prefill`: an
@@ -447,6 +448,7 @@ class TextLanguageModel(_TextModel):
         from ..transformer_lm import LanguageModelState, LanguageModelSteps
 
         model, suppress_ids, max_length = self.language_model, self.suppress_ids, self.max_length
+        padding_id = LanguageModelSteps(model).padding_id  # -1: token 0 is a token
         int8 = kv_cache_dtype == "int8"
         names = ("keys", "values", "valid", "positions", "index")
         names += ("key_scales", "value_scales") if int8 else ()
@@ -470,7 +472,7 @@ class TextLanguageModel(_TextModel):
                     "values": tf.stack([s[:, 1] for s in stacked], axis=1),  # (B, L, S, g, dv)
                 }
             return {
-                "logits": rule_out(tf.cast(logits, tf.float32), suppress_ids),  # (B, V)
+                "logits": rule_out(tf.cast(logits, tf.float32), suppress_ids, padding_id),
                 **cache,
                 "valid": state.caches[0].valid,  # (B, S): the same in every block
                 "positions": state.positions,  # (B,)

@@ -48,7 +48,7 @@ def ctrl_reference(logits, seen, penalty):
     return out
 
 
-def banned_reference(history, length, n, vocab):
+def banned_reference(history, length, n, vocab, padding_id=0):
     """Brute force: every n-gram of the row's first `length` tokens whose first n - 1 tokens
     are the row's last n - 1 bans its last token (n-grams with padding never count)."""
     banned = np.zeros((len(history), vocab), bool)
@@ -56,7 +56,7 @@ def banned_reference(history, length, n, vocab):
         tail = tuple(row[length - n + 1 :]) if n > 1 else ()
         for i in range(length - n + 1):
             gram = row[i : i + n]
-            if 0 not in gram and tuple(gram[:-1]) == tail:
+            if padding_id not in gram and min(gram) >= 0 and tuple(gram[:-1]) == tail:
                 banned[b, gram[-1]] = True
     return banned
 
@@ -120,6 +120,10 @@ def test_seen_tokens_ignores_padding():
     expected = np.zeros((2, 6), bool)
     expected[0, [1, 3]] = expected[1, 4] = True
     np.testing.assert_array_equal(np_(seen_tokens(tokens, 6)), expected)
+    # padding_id=-1 (an imported checkpoint's): 0 is a token, -1 nothing
+    tokens = np.array([[3, -1, 3, 0], [-1, -1, 4, 4]], "int32")
+    expected[0, [0, 1]] = True, False
+    np.testing.assert_array_equal(np_(seen_tokens(tokens, 6, padding_id=-1)), expected)
 
 
 def test_banned_ngram_tokens_equals_brute_force():
@@ -135,6 +139,12 @@ def test_banned_ngram_tokens_equals_brute_force():
     got = np_(banned_ngram_tokens(history, keras.ops.convert_to_tensor(7), 2, 5))  # a tensor
     np.testing.assert_array_equal(got, banned_reference(history, 7, 2, 5))
     assert not np_(banned_ngram_tokens(history[:, :2], 2, 3, 5)).any()  # shorter than n
+    # padding_id=-1: 0 is a token (here a frequent one), -1 the padding
+    history = np.where(history == 0, -1, history - 1)
+    for n, length in itertools.product((1, 2, 3), (2, 5, 9)):
+        got = np_(banned_ngram_tokens(history, length, n, 5, padding_id=-1))
+        expected = banned_reference(history, length, n, 5, padding_id=-1)
+        np.testing.assert_array_equal(got, expected, f"{n=} {length=}")
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), 1e39, True, "2"])

@@ -347,3 +347,165 @@ def test_text_language_model_continues_like_the_pipeline(tmp_path):
     assert len(set(theirs[1].split())) > 1  # not one word repeated: the test can tell
     ids = pipe.tokenizer(prompts[1]).input_ids
     np.testing.assert_array_equal(ids, np_(text_model.prompt_ids(prompts[1:]))[0])
+
+
+@pytest.mark.backends  # checked on TensorFlow, JAX and torch
+@pytest.mark.parametrize(
+    "setting",
+    [{"repetition_penalty": 1e4}, {"no_repeat_ngram_size": 1}, {"no_repeat_ngram_size": 2}],
+)
+def test_repetition_controls_count_token_zero_of_padding_id_models(folders, setting):
+    """Token 0 is a real token of an imported model (`padding_id=-1`): in its prompt it is
+    seen, penalized and banned as transformers' `RepetitionPenaltyLogitsProcessor` and
+    `NoRepeatNGramLogitsProcessor` do (these prompts' greedy next token is 0); the -1
+    padding before them counts as nothing."""
+    hf, folder = folders["qwen2"]
+    model = from_transformers(folder)
+    prompts = np.array([[23, 58, 0, 59], [20, 0, 13, 2]])
+    padded = np.concatenate([np.full((2, 1), -1), prompts], axis=1)
+    assert np.all(generate(model, padded, 1)[:, 0] == 0)  # else the test would check nothing
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor(prompts), attention_mask=torch.ones(prompts.shape, dtype=torch.long),
+            max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None, **setting,
+        ).numpy()[:, 4:]  # fmt: skip
+    np.testing.assert_array_equal(generate(model, padded, 6, **setting), expected)
+
+
+# Left-padded (-1) prompts with token 0 among the real ones.
+PADDED = np.array([[-1, -1, 0, 5, 17], [8, 2, 0, 11, 6]])
+
+
+def _hf_generate(hf, prompts, n, **settings):
+    """transformers' `generate` of -1-padded prompts (0 under the mask), greedy."""
+    with torch.no_grad():
+        return hf.generate(
+            torch.tensor(np.maximum(prompts, 0)), attention_mask=torch.tensor(prompts >= 0).long(),
+            max_new_tokens=n, do_sample=False, pad_token_id=0, **settings,
+        ).numpy()[:, prompts.shape[1]:]  # fmt: skip
+
+
+def _streamed(model, prompts, n, **settings):
+    return np.stack(list(generate(model, prompts, n, stream=True, **settings)), axis=1)
+
+
+def _cut_after(tokens, stop):
+    """Each row up to and with the first `stop` its tokens complete, 0 after."""
+    cut = np.array(tokens)
+    for row in cut:
+        ends = [
+            i
+            for i in range(len(stop) - 1, len(row))
+            if list(row[i - len(stop) + 1 : i + 1]) == stop
+        ]
+        if ends:
+            row[ends[0] + 1 :] = 0
+    return cut
+
+
+def _contrastive_reference(hf, prompts, n, k, alpha):
+    """Contrastive search by transformers' own forward passes in float64, each row alone
+    and unpadded (transformers 5 moved its contrastive search to a Hub recipe, not
+    offline): among the `k` most likely tokens, the argmax of `(1 - alpha) p(v) - alpha
+    max_j cos(h_v, h_j)`, `h` the final (normed) hidden states of the row's tokens."""
+    hf64 = type(hf)(hf.config).double().eval()
+    hf64.load_state_dict(hf.state_dict())
+    rows = []
+    for prompt in prompts:
+        sequence = [int(t) for t in prompt if t >= 0]
+        for _ in range(n):
+            with torch.no_grad():
+                out = hf64(torch.tensor([sequence]), output_hidden_states=True)
+            probs = torch.softmax(out.logits[0, -1], -1).numpy()
+            earlier = out.hidden_states[-1][0].numpy()  # (L, d), after the final norm
+            candidates = np.argsort(-probs, kind="stable")[:k]
+            with torch.no_grad():
+                h = hf64(torch.tensor([[*sequence, int(v)] for v in candidates]),
+                         output_hidden_states=True).hidden_states[-1][:, -1].numpy()  # fmt: skip
+            cos = (
+                h @ earlier.T / np.outer(np.linalg.norm(h, axis=1), np.linalg.norm(earlier, axis=1))
+            )
+            scores = (1 - alpha) * probs[candidates] - alpha * cos.max(axis=1)
+            sequence.append(int(candidates[int(np.argmax(scores))]))
+        rows.append(sequence[-n:])
+    return np.array(rows, "int32")
+
+
+@pytest.mark.backends  # checked on TensorFlow, JAX and torch
+def test_streaming_and_generation_settings_after_import(folders):
+    """An imported Llama with left-padded (-1) prompts holding token 0: streamed tokens are
+    the one-shot call's for greedy, seeded sampling and today's settings; each setting
+    against transformers' `generate` where it has it (greedy, `min_new_tokens`), against
+    transformers' forward passes (contrastive search) or a hand-cut greedy row
+    (`stop_sequences`); int8 caches and `num_return_sequences` against our one-shot path."""
+    hf, folder = folders["llama"]
+    model = from_transformers(folder)
+    greedy = generate(model, PADDED, 6)
+    np.testing.assert_array_equal(greedy, _hf_generate(hf, PADDED, 6, eos_token_id=None))
+    stop = [int(t) for t in greedy[0, 1:3]]
+    end = int(greedy[1, 1])
+    settings = {
+        "greedy": ({}, greedy),
+        "sample": ({"sampler": "sample", "top_k": 5, "seed": 3}, None),
+        "stop_sequences": ({"stop_sequences": [stop]}, _cut_after(greedy, stop)),
+        "min_new_tokens": (
+            {"end_id": end, "min_new_tokens": 3},
+            _hf_generate(hf, PADDED, 6, eos_token_id=end, min_new_tokens=3),
+        ),
+        "num_return_sequences": (
+            {"sampler": "sample", "top_k": 5, "seed": 3, "num_return_sequences": 2},
+            None,
+        ),
+        "contrastive": (
+            {"sampler": "contrastive", "penalty_alpha": 0.6, "top_k": 4},
+            _contrastive_reference(hf, PADDED, 6, 4, 0.6),
+        ),
+        "int8_cache": ({"kv_cache_dtype": "int8"}, None),
+    }
+    for name, (setting, expected) in settings.items():
+        # compiled: greedy here, each setting in tests/decoding (tracing each costs seconds)
+        setting = setting if name == "greedy" else {**setting, "jit_compile": False}
+        one_shot = generate(model, PADDED, 6, **setting)
+        if expected is not None:
+            np.testing.assert_array_equal(one_shot, expected, err_msg=name)
+        np.testing.assert_array_equal(
+            _streamed(model, PADDED, 6, **setting), one_shot, err_msg=name
+        )
+    assert _cut_after(greedy, stop)[0, 3:].max() == 0  # the stop sequence did end row 0
+
+
+@pytest.mark.slow  # a SavedModel of five signatures: tracing and writing take tens of seconds
+def test_token_signatures_of_an_imported_model_generate_as_python(folders, tmp_path):
+    """The token-level SavedModel signatures (`greedy_decode`, `prefill` + `decode_step`,
+    `serve`) of an imported Llama: there is no token-level export of a bare `transformer_lm`,
+    so it goes through `TextLanguageModel.export_text` with placeholder words. Their greedy
+    tokens are Python's `generate`'s for -1-padded prompts, the first of them 0 (a real
+    token: `prefill`'s logits do not rule it out), and `serve`'s logits transformers'."""
+    tf = pytest.importorskip("tensorflow")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("export_text writes a TensorFlow SavedModel")
+    from keras_attn.models.text import TextLanguageModel
+    from keras_attn.models.text.base import string_lookup
+
+    hf, folder = folders["llama"]
+    model = from_transformers(folder)
+    words = ["", "[UNK]", "<s>", "</s>"] + [f"w{i}" for i in range(4, VOCAB)]
+    TextLanguageModel(model, string_lookup(words), 6, 8, suppress_tokens=()).export_text(
+        str(tmp_path / "lm")
+    )
+    loaded = tf.saved_model.load(str(tmp_path / "lm"))
+    prompts = np.array([[-1, 55, 35, 0, 49], [8, 2, 0, 11, 6]])
+    expected = generate(model, prompts, 6)
+    assert expected[0, 0] == 0  # else the test would not see token 0 ruled out
+    signature = loaded.signatures
+    greedy = signature["greedy_decode"](prompts=tf.constant(prompts, tf.int64))
+    np.testing.assert_array_equal(list(greedy.values())[0], expected)
+    state, tokens = signature["prefill"](tokens=tf.constant(prompts, tf.int64)), []
+    for _ in range(6):
+        tokens.append(np.argmax(state["logits"], axis=-1))
+        cache = {k: state[k] for k in ("keys", "values", "valid", "positions", "index")}
+        if len(tokens) < 6:
+            state = signature["decode_step"](token=tf.constant(tokens[-1], tf.int64), **cache)
+    np.testing.assert_array_equal(np.stack(tokens, axis=1), expected)
+    logits = list(signature["serve"](tokens=tf.constant(TOKENS, tf.int64)).values())[0]
+    np.testing.assert_allclose(logits, _hf_logits(hf, TOKENS), atol=1e-4, rtol=1e-4)
