@@ -255,13 +255,18 @@ def _may_call_plainly(cls) -> bool:
 @functools.cache
 def _plain_class(cls):
     """`cls` with the `__call__` of `plain_calls` (its name, module and methods kept)."""
-    namespace = {"__call__": _plain_call, "__module__": cls.__module__}
+
+    def __call__(layer, *args, **kwargs):
+        if getattr(_INFERENCE, "depth", 0) and _calls_plainly(layer, args, kwargs):
+            return _plain_call(layer, args, kwargs)
+        return cls.__call__(layer, *args, **kwargs)  # its own class's, whatever `type(layer)`
+
+    namespace = {"__call__": __call__, "__module__": cls.__module__}
     return type(cls.__name__, (cls,), {**namespace, "__qualname__": cls.__qualname__})
 
 
-def _plain_call(layer, *args, **kwargs):
-    if not (getattr(_INFERENCE, "depth", 0) and _calls_plainly(layer, args, kwargs)):
-        return super(type(layer), layer).__call__(*args, **kwargs)
+def _plain_call(layer, args, kwargs):
+    """`layer.call(*args, **kwargs)` (`quantized_call` if quantized), the output mask set."""
     if getattr(layer, "quantization_mode", None) is not None:
         outputs = layer.quantized_call(*args, **kwargs)
     else:
